@@ -1,0 +1,26 @@
+"""trainnorm: RMSNorm for training, forward and backward in Triton.
+
+Deterministic by default (bitwise reproducible dw, independent of the GPU's SM
+count); deterministic=False for a faster dw with the same y, rstd, h and dx.
+"""
+from .functional import (
+    backward_workspace,
+    backward_workspace_bytes,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_forward,
+)
+from .modules import RMSNorm
+from .ops import RMSNormFunction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "rms_norm",
+    "rms_norm_forward",
+    "rms_norm_backward",
+    "backward_workspace",
+    "backward_workspace_bytes",
+    "RMSNorm",
+    "RMSNormFunction",
+]

@@ -1,0 +1,97 @@
+"""Kernel configurations: frozen dataclasses, an analytical default for every H,
+and measured overrides (configs/tuned.py) for the shape families that matter.
+
+Invariants the numerics rely on (tests check them):
+- the forward and backward tiles are a function of (H, activation dtype) only,
+  never of the number of rows, the residual, the mode or the device: a row's
+  reductions (sum of squares, c) keep one order, so y, rstd, h and dx are
+  batch-invariant and identical across modes;
+- the backward's row chunking is a function of (rows, H, dtype) only, never of
+  the SM count: dw's reduction tree is the same on every GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from . import tuned
+
+MAX_HIDDEN = 65536
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int        # rows per program
+    block_n: int        # columns per tile (power of two)
+    num_warps: int
+
+    def col_tiles(self, hidden: int) -> int:
+        return cdiv(hidden, self.block_n)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m: int              # rows per tile
+    block_n: int              # columns per tile (power of two)
+    num_warps: int
+    min_rows_per_chunk: int   # a dw chunk covers at least this many rows
+    max_chunks: int           # and there are at most this many chunks
+    ctas_per_sm: int = 2      # persistent grid: programs per SM (speed only, never numerics)
+
+    def col_tiles(self, hidden: int) -> int:
+        return cdiv(hidden, self.block_n)
+
+    def chunking(self, rows: int) -> tuple[int, int]:
+        """(num_chunks, rows_per_chunk): a function of rows (and this config) only."""
+        if rows == 0:
+            return 0, 0
+        rpc = max(self.min_rows_per_chunk, cdiv(rows, self.max_chunks))
+        rpc = cdiv(rpc, self.block_m) * self.block_m
+        return cdiv(rows, rpc), rpc
+
+
+# Widest row held in registers as one tile; wider rows are walked in tiles.
+FWD_MAX_TILE = 16384
+BWD_MAX_TILE = 8192
+
+
+def _default_fwd(hidden: int, elt: int) -> FwdConfig:
+    block_n = next_pow2(hidden)
+    if block_n > FWD_MAX_TILE:
+        block_n = 8192
+    block_m = max(1, min(16, 4096 // block_n))
+    num_warps = min(16, max(4, block_m * block_n // 512))
+    return FwdConfig(block_m, block_n, num_warps)
+
+
+def _default_bwd(hidden: int, elt: int) -> BwdConfig:
+    block_n = next_pow2(hidden)
+    if block_n > BWD_MAX_TILE:
+        block_n = 4096
+    block_m = max(1, min(16, 2048 // block_n))
+    num_warps = min(16, max(4, block_m * block_n // 256))
+    return BwdConfig(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256)
+
+
+@lru_cache(maxsize=None)
+def forward_config(hidden: int, dtype: torch.dtype) -> FwdConfig:
+    elt = dtype.itemsize
+    entry = tuned.FWD.get((hidden, elt))
+    return FwdConfig(**entry) if entry else _default_fwd(hidden, elt)
+
+
+@lru_cache(maxsize=None)
+def backward_config(hidden: int, dtype: torch.dtype) -> BwdConfig:
+    elt = dtype.itemsize
+    entry = tuned.BWD.get((hidden, elt))
+    return BwdConfig(**entry) if entry else _default_bwd(hidden, elt)

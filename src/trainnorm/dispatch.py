@@ -1,0 +1,239 @@
+"""The one place that branches on shape, dtype, mode and device.
+
+It turns tensors into rows (a two-level stride, no copies for per-head views),
+picks the kernel configuration and the dw form, allocates outputs and
+workspace views, and launches the kernels, or runs the float64 reference on
+CPU tensors when Triton's interpreter is not enabled.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import configs, reference
+from .configs import BwdConfig, cdiv
+from .kernels import dw_combine_kernel, rms_norm_bwd_kernel, rms_norm_fwd_kernel
+
+# dw forms of the backward kernel (see kernels/backward.py)
+DW_NONE, DW_PARTIAL, DW_ATOMIC, DW_DIRECT = 0, 1, 2, 3
+
+# Combine tile: a constant, so the order in which chunks are added never moves.
+COMBINE_BLOCK_P = 32
+COMBINE_BLOCK_N = 128
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def runs_kernels(t: torch.Tensor) -> bool:
+    """CUDA tensors run the kernels; CPU tensors too under TRITON_INTERPRET=1."""
+    return t.is_cuda or (t.device.type == "cpu" and interpreter_enabled())
+
+
+# --- SM count: sizes the persistent backward grid, never the numerics ------------------
+
+_sm_override: int | None = None
+_sm_cache: dict[int, int] = {}
+
+
+@contextlib.contextmanager
+def simulate_sm_count(n: int):
+    """Run the dispatcher as if the GPU had `n` multiprocessors (tests, verify)."""
+    global _sm_override
+    old, _sm_override = _sm_override, int(n)
+    try:
+        yield
+    finally:
+        _sm_override = old
+
+
+def sm_count(device: torch.device) -> int:
+    if _sm_override is not None:
+        return _sm_override
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_cache:
+        _sm_cache[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_cache[idx]
+
+
+def _device_guard(t: torch.Tensor):
+    # Triton launches on the current device: make it the tensor's.
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+def _row_view(t: torch.Tensor):
+    """(tensor, [(size, stride), ...]) with unit and mergeable leading dims collapsed.
+
+    A last dim whose stride is not 1 is copied once (the only copy this makes)."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    merged: list[tuple[int, int]] = []
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return t, merged
+
+
+def row_views(*tensors):
+    """Express every tensor's rows with one inner count NH.
+
+    Returns (NH, [(tensor, stride_t, stride_h), ...]); row r of a tensor sits at
+    (r // NH) * stride_t + (r % NH) * stride_h. A one-level view fits any NH; a
+    tensor whose two-level layout disagrees with the first one's is copied."""
+    views = [_row_view(t) for t in tensors]
+    nh = 1
+    for _, dims in views:
+        if len(dims) == 2:
+            nh = dims[1][0]
+            break
+    out = []
+    for t, dims in views:
+        if len(dims) > 2 or (len(dims) == 2 and dims[1][0] != nh):
+            t = t.contiguous()
+            dims = [(t.numel() // t.shape[-1], t.shape[-1])]
+        if len(dims) == 2:
+            out.append((t, dims[0][1], dims[1][1]))
+        else:
+            stride = dims[0][1] if dims else 0
+            out.append((t, stride * nh, stride))
+    return nh, out
+
+
+# --- forward ----------------------------------------------------------------------------
+
+def forward(x, weight, residual, eps):
+    """(y, rstd, h); h is an empty tensor when there is no residual."""
+    hidden = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x.new_empty(0)
+    rows = rstd.numel()
+    if rows == 0:
+        return y, rstd, h
+    if not runs_kernels(x):
+        y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, residual)
+        y.copy_(y64)
+        rstd.copy_(rstd64)
+        if residual is not None:
+            h.copy_(h_ref)
+        return y, rstd, h
+
+    cfg = configs.forward_config(hidden, x.dtype)
+    if residual is not None:
+        nh, ((xv, sxt, sxh), (rv, srt, srh)) = row_views(x, residual)
+    else:
+        nh, ((xv, sxt, sxh),) = row_views(x)
+        rv, srt, srh = xv, 0, 0
+    with _device_guard(x):
+        rms_norm_fwd_kernel[(cdiv(rows, cfg.block_m),)](
+            xv, rv, weight if weight is not None else xv, y, h if residual is not None else y, rstd,
+            rows, hidden, nh, sxt, sxh, srt, srh, eps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=cfg.col_tiles(hidden),
+            HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
+            SOFT_BF16=not x.is_cuda, num_warps=cfg.num_warps,
+        )
+    return y, rstd, h
+
+
+# --- backward ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    cfg: BwdConfig
+    hidden: int
+    col_tiles: int
+    num_chunks: int
+    rows_per_chunk: int
+    dw_mode: int
+
+    @property
+    def workspace_bytes(self) -> int:
+        if self.dw_mode != DW_PARTIAL:
+            return 0
+        return self.num_chunks * self.hidden * 8   # float64 partials
+
+
+def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: bool, need_dw: bool) -> BackwardPlan:
+    """The backward's form: a function of (rows, H, dtype, mode) only, never of the device."""
+    cfg = configs.backward_config(hidden, dtype)
+    col_tiles = cfg.col_tiles(hidden)
+    num_chunks, rpc = cfg.chunking(rows)
+    if not need_dw or rows == 0:
+        mode = DW_NONE
+    elif col_tiles > 1:
+        mode = DW_PARTIAL    # wide rows accumulate each chunk's partial in place
+    elif num_chunks == 1:
+        mode = DW_DIRECT
+    elif deterministic:
+        mode = DW_PARTIAL
+    else:
+        mode = DW_ATOMIC
+    return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, mode)
+
+
+def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
+    """(dx, dw); dw is float32 [H], or an empty tensor when it is not needed."""
+    hidden = h.shape[-1]
+    rows = rstd.numel()
+    need_dw = need_dw and weight is not None
+    dx = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    if rows == 0 or not runs_kernels(h):
+        if rows == 0:
+            dw = torch.zeros(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
+            return dx, dw
+        dx64, dw64 = reference.backward_fp64(dy, h, weight, rstd, dh)
+        dx.copy_(dx64)
+        dw = dw64.float() if need_dw else h.new_empty(0, dtype=torch.float32)
+        return dx, dw
+
+    plan = backward_plan(rows, hidden, h.dtype, deterministic, need_dw)
+    if plan.dw_mode == DW_ATOMIC:
+        dw = torch.zeros(hidden, dtype=torch.float32, device=h.device)
+    else:
+        dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
+    partial = dx
+    if plan.dw_mode == DW_PARTIAL:
+        nbytes = plan.workspace_bytes
+        if workspace is None:
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=h.device)
+        elif workspace.numel() < nbytes:
+            raise ValueError(f"workspace: needs {nbytes} bytes for rows={rows}, H={hidden}, "
+                             f"got {workspace.numel()} (size it with backward_workspace_bytes)")
+        partial = workspace[:nbytes].view(torch.float64).view(plan.num_chunks, hidden)
+
+    tensors = [dy, h] + ([dh] if dh is not None else [])
+    nh, views = row_views(*tensors)
+    (dyv, sdyt, sdyh), (hv, sht, shh) = views[0], views[1]
+    dhv, sdht, sdhh = views[2] if dh is not None else (dyv, 0, 0)
+    rstd = rstd.reshape(-1)
+    cfg = plan.cfg
+    grid = min(plan.num_chunks, cfg.ctas_per_sm * sm_count(h.device))
+    with _device_guard(h):
+        rms_norm_bwd_kernel[(grid,)](
+            dyv, hv, weight if weight is not None else hv, rstd, dhv, dx, dw if need_dw else dx, partial,
+            rows, hidden, nh, sdyt, sdyh, sht, shh, sdht, sdhh,
+            plan.rows_per_chunk, plan.num_chunks,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
+            HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
+            DW_MODE=plan.dw_mode, SOFT_BF16=not h.is_cuda, num_warps=cfg.num_warps,
+        )
+        if plan.dw_mode == DW_PARTIAL:
+            dw_combine_kernel[(cdiv(hidden, COMBINE_BLOCK_N),)](
+                partial, dw, plan.num_chunks, hidden,
+                BLOCK_P=COMBINE_BLOCK_P, BLOCK_N=COMBINE_BLOCK_N, num_warps=4,
+            )
+    return dx, dw

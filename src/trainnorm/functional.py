@@ -1,0 +1,167 @@
+"""Public functions: validate the arguments, then call the custom ops.
+
+Every check here runs before any kernel is launched; a bad argument raises a
+TypeError (wrong kind or dtype) or ValueError (wrong shape, device or value)
+that names the argument.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import dispatch
+from .configs import MAX_HIDDEN
+from .ops import RMSNormFunction
+
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DEVICE_TYPES = ("cuda", "cpu")
+
+
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def _check_activation(name: str, t) -> int:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"{name} must have dtype {_dtype_names(ACTIVATION_DTYPES)}, got {t.dtype}")
+    if t.dim() < 1:
+        raise ValueError(f"{name} must have shape [..., H] with at least one dimension, got a 0-d tensor")
+    if t.device.type not in _DEVICE_TYPES:
+        raise ValueError(f"{name} must be on a CUDA or CPU device, got {t.device}")
+    hidden = t.shape[-1]
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"{name}: the hidden size H = {name}.shape[-1] must be in [1, {MAX_HIDDEN}], got {hidden}")
+    return hidden
+
+
+def _check_like(name: str, t, ref: torch.Tensor, ref_name: str, *, dtype: torch.dtype | None = None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    want = ref.dtype if dtype is None else dtype
+    if t.dtype != want:
+        raise TypeError(f"{name} must have dtype {want} (as {ref_name}), got {t.dtype}")
+    if t.shape != ref.shape:
+        raise ValueError(f"{name} must have the shape of {ref_name}, {tuple(ref.shape)}, got {tuple(t.shape)}")
+    if t.device != ref.device:
+        raise ValueError(f"{name} must be on {ref_name}'s device {ref.device}, got {t.device}")
+
+
+def _check_weight(weight, x: torch.Tensor, x_name: str = "x"):
+    if weight is None:
+        return None
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"weight must have {x_name}'s dtype ({x.dtype}) or float32, got {weight.dtype}")
+    hidden = x.shape[-1]
+    if tuple(weight.shape) != (hidden,):
+        raise ValueError(f"weight must have shape [H] = [{hidden}], got {list(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight must be on {x_name}'s device {x.device}, got {weight.device}")
+    return weight if weight.stride(-1) == 1 else weight.contiguous()
+
+
+def _check_eps(eps, dtype: torch.dtype) -> float:
+    if eps is None:
+        return float(torch.finfo(dtype).eps)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    eps = float(eps)
+    if not math.isfinite(eps) or eps <= 0.0:
+        raise ValueError(f"eps must be finite and > 0, got {eps}")
+    return eps
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
+    """RMSNorm over the last dimension, differentiable in x, weight and residual.
+
+    Returns y, or (y, h) with a residual, where h = x + residual (rounded to
+    x's dtype) is the next residual stream. ``weight=None`` means no affine;
+    ``eps=None`` means ``torch.finfo(x.dtype).eps``. ``deterministic=False``
+    allows a faster dw whose last bits may vary between calls.
+    """
+    _check_activation("x", x)
+    weight = _check_weight(weight, x)
+    if residual is not None:
+        _check_like("residual", residual, x, "x")
+    eps = _check_eps(eps, x.dtype)
+    _check_flag("deterministic", deterministic)
+    return RMSNormFunction.apply(x, weight, eps, residual, deterministic)
+
+
+def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
+    """Explicit forward: (y, rstd, h). y has x's dtype, rstd is float32 [...],
+    h is x + residual (or x itself without a residual)."""
+    _check_activation("x", x)
+    weight = _check_weight(weight, x)
+    if residual is not None:
+        _check_like("residual", residual, x, "x")
+    eps = _check_eps(eps, x.dtype)
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, eps)
+    return y, rstd, (h if residual is not None else x)
+
+
+def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, workspace=None):
+    """Explicit backward: (dx, dw). dx has h's dtype (it is also the residual's
+    gradient); dw is float32 [H], or None without a weight. With a workspace
+    (see backward_workspace) nothing but the outputs is allocated."""
+    _check_activation("h", h)
+    _check_like("dy", dy, h, "h")
+    weight = _check_weight(weight, h, "h")
+    if not isinstance(rstd, torch.Tensor):
+        raise TypeError(f"rstd must be a torch.Tensor, got {type(rstd).__name__}")
+    if rstd.dtype != torch.float32:
+        raise TypeError(f"rstd must be float32, got {rstd.dtype}")
+    if tuple(rstd.shape) != tuple(h.shape[:-1]):
+        raise ValueError(f"rstd must have shape h.shape[:-1] = {list(h.shape[:-1])}, got {list(rstd.shape)}")
+    if rstd.device != h.device:
+        raise ValueError(f"rstd must be on h's device {h.device}, got {rstd.device}")
+    if dh is not None:
+        _check_like("dh", dh, h, "h")
+    _check_flag("deterministic", deterministic)
+    if workspace is not None:
+        if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
+            raise TypeError("workspace must be a torch.uint8 tensor from backward_workspace()")
+        if workspace.device != h.device or not workspace.is_contiguous():
+            raise ValueError(f"workspace must be a contiguous tensor on h's device {h.device}")
+        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype)
+        if workspace.numel() < need:
+            raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
+                             f"H={h.shape[-1]}, got {workspace.numel()}")
+    dx, dw = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, deterministic, True, workspace)
+    return dx, (dw if weight is not None else None)
+
+
+def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> int:
+    """Bytes of scratch the backward needs for `rows` rows of width `hidden`
+    and activations of `dtype` (0 when it needs none)."""
+    for name, v in (("rows", rows), ("hidden", hidden)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if rows < 0:
+        raise ValueError(f"rows must be >= 0, got {rows}")
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
+    if dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"dtype must be one of {_dtype_names(ACTIVATION_DTYPES)}, got {dtype}")
+    _check_flag("deterministic", deterministic)
+    return dispatch.backward_plan(int(rows), int(hidden), dtype, deterministic, True).workspace_bytes
+
+
+def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> torch.Tensor:
+    """A uint8 scratch tensor for rms_norm_backward(..., workspace=...); reusable
+    across calls of the same or smaller (rows, hidden) on one stream."""
+    nbytes = backward_workspace_bytes(rows, hidden, deterministic=deterministic, dtype=dtype)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)

@@ -1,0 +1,56 @@
+"""Helpers shared by the forward and backward kernels.
+
+Rows are addressed through a two-level stride so that per-head views such as
+``q[T, 24, 256]`` with strides ``(12288, 512, 1)`` are read in place: row
+``r`` lives at ``(r // NH) * stride_t + (r % NH) * stride_h``. Plain
+``[..., H]`` inputs use ``NH = 1`` (``TWO_LEVEL=False``) and skip the division.
+Offsets are computed in int64 so tensors past 2**31 elements stay addressable.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_offsets(o_m, NH, stride_t, stride_h, TWO_LEVEL: tl.constexpr):
+    o_m = o_m.to(tl.int64)
+    if TWO_LEVEL:
+        return (o_m // NH) * stride_t + (o_m % NH) * stride_h
+    else:
+        return o_m * stride_t
+
+
+@triton.jit
+def round_to(b, DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+    """Round float32 to DTYPE, to nearest even.
+
+    The GPU's conversion does this natively. Triton's interpreter truncates
+    float32 -> bfloat16, so under the interpreter (SOFT_BF16) the rounding is
+    done on the bits, and the CPU tests see the GPU's results."""
+    if SOFT_BF16 and DTYPE == tl.bfloat16:
+        u = b.to(tl.uint32, bitcast=True)
+        u = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+        return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return b.to(DTYPE)
+
+
+@triton.jit
+def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
+           SOFT_BF16: tl.constexpr):
+    """Return f32(h) for a tile: h = x, or h = round(f32(x) + f32(r)) into x's dtype.
+
+    With STORE_H the rounded h is written to H_OUT (the returned residual stream).
+    """
+    b_x = tl.load(X + o_x, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        b_r = tl.load(R + o_r, mask=mask, other=0.0)
+        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), X.dtype.element_ty, SOFT_BF16)
+        if STORE_H:
+            tl.store(H_OUT + o_out, b_x, mask=mask)
+    return b_x.to(tl.float32)
+
+
+@triton.jit
+def rstd_from_sumsq(b_ss, n_cols, eps):
+    """rstd = 1 / sqrt(sum / H + eps), with IEEE-rounded sqrt and division."""
+    return tl.div_rn(1.0, tl.sqrt_rn(b_ss / n_cols + eps))

@@ -1,0 +1,75 @@
+"""RMSNorm forward: y, float32 rstd and (with a residual) h, in one kernel.
+
+    h    = x                         or  round(f32(x) + f32(r))   (HAS_RESIDUAL)
+    rstd = 1 / sqrt(sum_j f32(h_j)^2 / H + eps)
+    y_j  = round(f32(h_j) * rstd * f32(w_j))                      (w_j = 1 without HAS_WEIGHT)
+
+Each program normalises BLOCK_M rows. A row is held in one tile of BLOCK_N
+columns when it fits (COL_TILES == 1); wider rows are walked in COL_TILES
+tiles twice (sum of squares, then normalise). The tile shape is a function of
+(H, dtype) only, so the reduction order of a row never depends on how many
+rows there are: y and rstd are batch-invariant.
+"""
+import triton
+import triton.language as tl
+
+from .common import load_h, round_to, row_offsets, rstd_from_sumsq
+
+
+@triton.jit
+def rms_norm_fwd_kernel(
+    X, R, W, Y, H_OUT, RSTD,
+    rows, n_cols, NH,
+    stride_xt, stride_xh, stride_rt, stride_rh,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    COL_TILES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    o_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < rows
+    o_x = row_offsets(o_m, NH, stride_xt, stride_xh, TWO_LEVEL)[:, None]
+    if HAS_RESIDUAL:
+        o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
+    else:
+        o_r = o_x
+    o_out = (o_m.to(tl.int64) * n_cols)[:, None]
+    o_n = tl.arange(0, BLOCK_N)
+
+    if COL_TILES == 1:
+        m_n = o_n < n_cols
+        mask = m_m[:, None] & m_n[None, :]
+        b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
+                     mask, HAS_RESIDUAL, True, SOFT_BF16)
+        b_rstd = rstd_from_sumsq(tl.sum(b_h * b_h, axis=1), n_cols, eps)
+        b_y = b_h * b_rstd[:, None]
+        if HAS_WEIGHT:
+            b_y = b_y * tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, SOFT_BF16), mask=mask)
+    else:
+        b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+            o_c = n0 + o_n
+            mask = m_m[:, None] & (o_c < n_cols)[None, :]
+            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
+                         mask, HAS_RESIDUAL, True, SOFT_BF16)
+            b_acc += b_h * b_h
+        b_rstd = rstd_from_sumsq(tl.sum(b_acc, axis=1), n_cols, eps)
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+            o_c = n0 + o_n
+            m_n = o_c < n_cols
+            mask = m_m[:, None] & m_n[None, :]
+            # h is recomputed from x (+ r) rather than re-read from H_OUT: no
+            # ordering between this program's own stores and loads is needed.
+            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
+                         mask, HAS_RESIDUAL, False, SOFT_BF16)
+            b_y = b_h * b_rstd[:, None]
+            if HAS_WEIGHT:
+                b_y = b_y * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, SOFT_BF16), mask=mask)
+    tl.store(RSTD + o_m, b_rstd, mask=m_m)

@@ -1,0 +1,46 @@
+"""Test set-up.
+
+Without a GPU the Triton kernels run on CPU tensors through Triton's
+interpreter: TRITON_INTERPRET must be set before triton is first imported.
+Every test runs with torch's deterministic mode, whose
+fill_uninitialized_memory poisons torch.empty outputs (NaN for floats, the
+largest value for integers, so the uint8 workspace reads as NaN partials):
+an element a kernel fails to write shows up as NaN.
+"""
+import os
+
+import pytest
+
+try:
+    import torch
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    HAS_CUDA = False
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _poison_uninitialized():
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(old)
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip)

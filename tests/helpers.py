@@ -1,0 +1,53 @@
+"""Assertions shared by the tests."""
+import torch
+
+from trainnorm import reference
+
+TOL = dict(atol=1e-2, rtol=1e-2)
+DW_BUDGET = 0.5
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a tensor, for bitwise comparisons (NaN == NaN, -0 != +0)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_bits_equal(a, b, what=""):
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+    assert torch.equal(bits(a), bits(b)), f"{what}: bits differ"
+
+
+def assert_close64(out, ref, what=""):
+    """out (any dtype) within atol = rtol = 1e-2 of a float64 reference, and finite."""
+    assert torch.isfinite(out).all(), f"{what}: non-finite (unwritten?) elements"
+    torch.testing.assert_close(out.double(), ref.double(), **TOL, msg=lambda m: f"{what}: {m}")
+
+
+def check_forward(x, weight, eps, residual, y, rstd, h):
+    y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, residual)
+    assert y.dtype == x.dtype and rstd.dtype == torch.float32
+    assert y.shape == x.shape and rstd.shape == x.shape[:-1]
+    assert_close64(y, y64, "y")
+    assert torch.isfinite(rstd).all()
+    if rstd.numel():
+        assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4, "rstd"
+    if residual is not None:
+        assert_bits_equal(h, h_ref, "h")
+
+
+def check_backward(dy, h, weight, rstd, dh, dx, dw, budget=DW_BUDGET):
+    """dx within 1e-2, dw within budget B and no worse than the FP32 eager
+    reduction (with a margin of 1e-3 of the budget for the tiny sizes where
+    both are a few product roundings). Returns dw's err/tol."""
+    dx64, dw64 = reference.backward_fp64(dy, h, weight, rstd, dh)
+    assert dx.dtype == h.dtype and dx.shape == h.shape
+    assert_close64(dx, dx64, "dx")
+    if weight is None:
+        return 0.0
+    assert dw.dtype == torch.float32 and dw.shape == weight.shape
+    assert torch.isfinite(dw).all(), "dw: non-finite elements"
+    err = reference.dw_err_over_tol(dw, dw64)
+    eager = reference.dw_err_over_tol(reference.dw_fp32_eager(dy, h, rstd), dw64)
+    assert err <= budget, f"dw err/tol {err:.4f} > {budget}"
+    assert err <= eager + 1e-3, f"dw err/tol {err:.4f} worse than the FP32 eager reduction's {eager:.4f}"
+    return err

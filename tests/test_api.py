@@ -1,0 +1,200 @@
+"""Argument checking, the CPU reference path, and the nn.Module drop-in."""
+import os
+
+import pytest
+import torch
+
+import trainnorm
+from trainnorm import dispatch, reference
+
+from helpers import assert_bits_equal, check_backward, check_forward
+
+H = 512
+
+
+def _x(device, dtype=torch.bfloat16, shape=(4, H)):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def _w(device, dtype=torch.bfloat16, n=H):
+    return torch.ones(n, device=device, dtype=dtype)
+
+
+# --- bad input: a clear error naming the argument, before any launch ------------------------
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if a kernel would be launched."""
+    def boom(*a, **k):
+        raise AssertionError("a kernel was launched for bad input")
+    monkeypatch.setattr(dispatch, "forward", boom)
+    monkeypatch.setattr(dispatch, "backward", boom)
+
+
+BAD_FORWARD = [
+    (lambda d: dict(x=[1.0, 2.0], weight=None), TypeError, "x must be a torch.Tensor"),
+    (lambda d: dict(x=_x(d).double(), weight=None), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.int32, device=d), weight=None), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.tensor(1.0, device=d), weight=None), ValueError, "at least one dimension"),
+    (lambda d: dict(x=_x(d, shape=(4, 65537)), weight=None), ValueError, "H = x.shape"),
+    (lambda d: dict(x=_x(d, shape=(4, 0)), weight=None), ValueError, "H = x.shape"),
+    (lambda d: dict(x=_x(d), weight=_w(d, n=H + 1)), ValueError, "weight must have shape"),
+    (lambda d: dict(x=_x(d), weight=torch.ones(1, H, device=d, dtype=torch.bfloat16)), ValueError, "weight must have shape"),
+    (lambda d: dict(x=_x(d), weight=_w(d, torch.float16)), TypeError, "weight must have x's dtype"),
+    (lambda d: dict(x=_x(d, torch.float32), weight=_w(d, torch.bfloat16)), TypeError, "weight must have x's dtype"),
+    (lambda d: dict(x=_x(d), weight="w"), TypeError, "weight must be a torch.Tensor"),
+    (lambda d: dict(x=_x(d), weight=_w(d), residual=_x(d, shape=(4, H - 1))), ValueError, "residual must have the shape"),
+    (lambda d: dict(x=_x(d), weight=_w(d), residual=_x(d, torch.float16)), TypeError, "residual must have dtype"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps=0.0), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps=-1e-6), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps=float("nan")), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps=float("inf")), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps="1e-6"), TypeError, "eps must be a real number"),
+    (lambda d: dict(x=_x(d), weight=_w(d), eps=True), TypeError, "eps must be a real number"),
+]
+
+
+@pytest.mark.parametrize("make,exc,msg", BAD_FORWARD)
+@pytest.mark.parametrize("entry", ["rms_norm", "rms_norm_forward"])
+def test_bad_forward_input(device, no_launch, make, exc, msg, entry):
+    kwargs = make(device)
+    x, weight = kwargs.pop("x"), kwargs.pop("weight")
+    eps = kwargs.pop("eps", 1e-6)
+    with pytest.raises(exc, match=msg):
+        getattr(trainnorm, entry)(x, weight, eps, **kwargs)
+
+
+def test_bad_deterministic_flag(device, no_launch):
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        trainnorm.rms_norm(_x(device), _w(device), deterministic="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for a device mismatch")
+def test_device_mismatch(no_launch):
+    with pytest.raises(ValueError, match="weight must be on x's device"):
+        trainnorm.rms_norm(_x("cuda"), _w("cpu"))
+    with pytest.raises(ValueError, match="residual must be on x's device"):
+        trainnorm.rms_norm(_x("cuda"), _w("cuda"), residual=_x("cpu"))
+
+
+def _bwd_args(device):
+    x = _x(device)
+    return dict(dy=torch.randn_like(x, dtype=torch.float32).to(x.dtype), h=x, weight=_w(device),
+                rstd=torch.ones(4, device=device))
+
+
+BAD_BACKWARD = [
+    (dict(dy=lambda a: a["dy"].float()), TypeError, "dy must have dtype"),
+    (dict(dy=lambda a: a["dy"][:3]), ValueError, "dy must have the shape of h"),
+    (dict(rstd=lambda a: a["rstd"].double()), TypeError, "rstd must be float32"),
+    (dict(rstd=lambda a: a["rstd"][:3]), ValueError, "rstd must have shape"),
+    (dict(rstd=lambda a: "r"), TypeError, "rstd must be a torch.Tensor"),
+    (dict(weight=lambda a: a["weight"][:7]), ValueError, "weight must have shape"),
+    (dict(dh=lambda a: a["dy"][:, :5]), ValueError, "dh must have the shape of h"),
+    (dict(workspace=lambda a: torch.empty(3, device=a["h"].device)), TypeError, "workspace must be a torch.uint8"),
+    (dict(deterministic=lambda a: 1), TypeError, "deterministic must be a bool"),
+]
+
+
+@pytest.mark.parametrize("change,exc,msg", BAD_BACKWARD)
+def test_bad_backward_input(device, no_launch, change, exc, msg):
+    args = _bwd_args(device)
+    for k, f in change.items():
+        args[k] = f(args)
+    with pytest.raises(exc, match=msg):
+        trainnorm.rms_norm_backward(args.pop("dy"), args.pop("h"), args.pop("weight"), args.pop("rstd"), **args)
+
+
+def test_workspace_too_small(device, no_launch):
+    rows, hidden = 4096, 2048
+    need = trainnorm.backward_workspace_bytes(rows, hidden)
+    x = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=f"workspace must hold {need} bytes"):
+        trainnorm.rms_norm_backward(x, x, _w(device, n=hidden), torch.ones(rows, device=device),
+                                    workspace=torch.empty(need - 1, dtype=torch.uint8, device=device))
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(rows=-1, hidden=512), ValueError, "rows must be >= 0"),
+    (dict(rows=1.5, hidden=512), TypeError, "rows must be an int"),
+    (dict(rows=4, hidden=0), ValueError, "hidden must be in"),
+    (dict(rows=4, hidden=512, dtype=torch.int8), TypeError, "dtype must be one of"),
+])
+def test_bad_workspace_query(kwargs, exc, msg):
+    rows, hidden = kwargs.pop("rows"), kwargs.pop("hidden")
+    with pytest.raises(exc, match=msg):
+        trainnorm.backward_workspace_bytes(rows, hidden, **kwargs)
+
+
+def test_module_constructor_checks():
+    with pytest.raises(ValueError, match="normalized_shape must be one dimension"):
+        trainnorm.RMSNorm((4, 8))
+
+
+# --- NaN / Inf propagate as the math says ----------------------------------------------------
+
+def test_nan_inf_propagate(device):
+    x = _x(device, shape=(3, H))
+    x[0, 5] = float("nan")
+    x[1, 7] = float("inf")
+    y, rstd, _ = trainnorm.rms_norm_forward(x, _w(device))
+    assert torch.isnan(rstd[0]) and torch.isnan(y[0]).all()
+    assert rstd[1] == 0 and torch.isnan(y[1, 7])       # inf * 0
+    assert torch.isfinite(y[2]).all() and torch.isfinite(rstd[2])
+
+
+def test_zero_row(device):
+    x = torch.zeros(2, H, dtype=torch.bfloat16, device=device)
+    y, rstd, _ = trainnorm.rms_norm_forward(x, _w(device), 1e-6)
+    torch.testing.assert_close(rstd.double(), torch.full((2,), 1e-6 ** -0.5, dtype=torch.float64, device=device),
+                               rtol=1e-6, atol=0)
+    assert torch.equal(y, torch.zeros_like(y))
+
+
+# --- the CPU path (pure PyTorch, no interpreter) ------------------------------------------
+
+def test_cpu_reference_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not dispatch.runs_kernels(torch.empty(1))
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 384).to(torch.bfloat16)
+    r = torch.randn(6, 5, 384).to(torch.bfloat16)
+    w = torch.randn(384).float()
+    y, rstd, h = trainnorm.rms_norm_forward(x, w, residual=r)
+    check_forward(x, w, 1e-6, r, y, rstd, h)
+    y2, rstd2, _ = trainnorm.rms_norm_forward(h, w)
+    assert_bits_equal(y, y2)
+    dy = torch.randn_like(x, dtype=torch.float32).to(x.dtype)
+    dx, dw = trainnorm.rms_norm_backward(dy, h, w, rstd, dh=r)
+    check_backward(dy, h, w, rstd, r, dx, dw)
+    dx2, dw2 = trainnorm.rms_norm_backward(dy, h, w, rstd, dh=r, deterministic=False)
+    assert_bits_equal(dx, dx2) and assert_bits_equal(dw, dw2)
+
+
+# --- module --------------------------------------------------------------------------------
+
+def test_module_drop_in(device):
+    torch.manual_seed(1)
+    ours = trainnorm.RMSNorm(H, eps=1e-6, device=device, dtype=torch.float32)
+    theirs = torch.nn.RMSNorm(H, eps=1e-6, device=device, dtype=torch.float32)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight"]
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 7, H, device=device)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    assert "deterministic=True" in repr(ours)
+
+
+def test_module_options(device):
+    m = trainnorm.RMSNorm([H], eps=None, elementwise_affine=False, device=device, deterministic=False)
+    assert m.weight is None and list(m.state_dict()) == []
+    x = _x(device, torch.float32)
+    y = m(x)
+    ref = torch.nn.functional.rms_norm(x, (H,), None, None)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    m2 = trainnorm.RMSNorm(H, device=device, dtype=torch.bfloat16)
+    x, r = _x(device), _x(device)
+    y, h = m2(x, r)
+    assert_bits_equal(h, (x.float() + r.float()).to(torch.bfloat16))

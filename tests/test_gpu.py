@@ -1,0 +1,167 @@
+"""The same properties at real sizes, on a CUDA GPU (skipped without one).
+
+T up to 65,536 tokens for every hidden-size family, and the per-head views up
+to 65,536 x 24 rows.
+"""
+import pytest
+import torch
+
+import trainnorm
+from trainnorm import dispatch
+from trainnorm.families import FAMILIES, make_case
+
+from helpers import assert_bits_equal, check_backward, check_forward
+
+pytestmark = pytest.mark.gpu
+EPS = 1e-6
+HIDDEN = [512, 1536, 2048, 4096, 5120, 6144]
+
+
+def run_both(case, deterministic=True):
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=deterministic)
+    return y, rstd, h, dx, dw
+
+
+def check(case, deterministic):
+    out = run_both(case, deterministic)
+    check_forward(case.x, case.weight, EPS, case.residual, *out[:3])
+    check_backward(case.dy, out[2], case.weight, out[1], case.dh, out[3], out[4])
+    return out
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_accuracy_65536_tokens(hidden, family, weight_dtype, deterministic):
+    check(make_case(family, (65536,), hidden, weight_dtype=weight_dtype, seed=hidden, device="cuda"), deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64, 256, 1000, 4096, 14928])
+@pytest.mark.parametrize("hidden", [2048, 5120])
+def test_accuracy_token_counts(hidden, tokens, deterministic):
+    check(make_case("outlier", (tokens,), hidden, seed=tokens, device="cuda"), deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_residual_6144(family, weight_dtype, deterministic):
+    case = make_case(family, (65536,), 6144, weight_dtype=weight_dtype, residual=True, seed=1, device="cuda")
+    check(case, deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("heads,query", [(24, True), (4, False)])
+def test_per_head_views(heads, query, family, deterministic):
+    case = make_case(family, (65536, heads), 256, query_view=query, seed=2, device="cuda")
+    if query:
+        assert case.x.stride() == (12288, 512, 1)
+    check(case, deterministic)
+
+
+@pytest.mark.parametrize("hidden", [1, 1000, 8192, 8200, 20000, 65536])
+def test_other_widths(hidden):
+    tokens = max(1, min(4096, (1 << 26) // hidden))
+    for deterministic in (True, False):
+        check(make_case("normal", (tokens,), hidden, residual=True, seed=3, device="cuda"), deterministic)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_dtypes(dtype):
+    for deterministic in (True, False):
+        check(make_case("outlier", (16384,), 4096, dtype=dtype, seed=4, device="cuda"), deterministic)
+
+
+# --- determinism ---------------------------------------------------------------------------
+
+SHAPES = [((65536,), 4096, {}), ((4096,), 6144, {"residual": True}), ((16384, 24), 256, {"query_view": True}),
+          ((300,), 2048, {})]
+
+
+@pytest.mark.parametrize("lead,hidden,kw", SHAPES)
+def test_repeat_and_sm_counts_bitwise(lead, hidden, kw):
+    case = make_case("normal", lead, hidden, weight_dtype=torch.float32, seed=5, device="cuda", **kw)
+    ref = run_both(case)
+    for _ in range(3):
+        for a, b in zip(ref, run_both(case)):
+            assert_bits_equal(a, b, "repeat")
+    for sms in (1, 16, 66, 114, 132, 170, 264):
+        with dispatch.simulate_sm_count(sms):
+            out = run_both(case)
+        for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
+            assert_bits_equal(a, b, f"{n} at {sms} SMs")
+
+
+@pytest.mark.parametrize("lead,hidden,kw", SHAPES)
+def test_modes_equal_and_fast_repeat_dx(lead, hidden, kw):
+    case = make_case("offset", lead, hidden, seed=6, device="cuda", **kw)
+    det = run_both(case, True)
+    for _ in range(2):
+        fast = run_both(case, False)
+        for a, b, n in zip(det[:4], fast[:4], ("y", "rstd", "h", "dx")):
+            assert_bits_equal(a, b, n)
+
+
+@pytest.mark.parametrize("hidden", [512, 4096, 6144])
+def test_batch_invariance(hidden):
+    big = make_case("normal", (16384,), hidden, residual=True, seed=7, device="cuda")
+    out_big = run_both(big)
+    for lo, hi in ((0, 1), (3, 17), (100, 4196), (0, 16384 - 1)):
+        sub = type(big)(big.x[lo:hi], big.weight, big.dy[lo:hi], big.residual[lo:hi], big.dh[lo:hi])
+        for a, b, n in zip(out_big[:4], run_both(sub)[:4], ("y", "rstd", "h", "dx")):
+            assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
+
+
+def test_cuda_graph_replay_bitwise():
+    rows, hidden = 14928, 5120
+    case = make_case("outlier", (rows,), hidden, weight_dtype=torch.float32, residual=True, seed=8, device="cuda")
+    ref = run_both(case)
+    ws = trainnorm.backward_workspace(rows, hidden, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+            dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, workspace=ws)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+        dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, workspace=ws)
+    for _ in range(3):
+        for t in (y, rstd, h, dx, dw):
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for a, b, n in zip(ref, (y, rstd, h, dx, dw), ("y", "rstd", "h", "dx", "dw")):
+            assert_bits_equal(a, b, f"graph {n}")
+
+
+def test_compile_bitwise_equal_to_eager():
+    case = make_case("normal", (4096,), 4096, seed=9, device="cuda")
+
+    def step(x, w, dy):
+        y = trainnorm.rms_norm(x, w)
+        return y, torch.autograd.grad(y, (x, w), dy)
+
+    x = case.x.clone().requires_grad_()
+    w = case.weight.clone().requires_grad_()
+    eager = step(x, w, case.dy)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: trainnorm.rms_norm(x, w), fullgraph=True)
+    y = compiled(x, w)
+    grads = torch.autograd.grad(y, (x, w), case.dy)
+    assert_bits_equal(eager[0], y, "y")
+    assert_bits_equal(eager[1][0], grads[0], "dx")
+    assert_bits_equal(eager[1][1], grads[1], "dw")
+
+
+def test_second_device_if_present():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU")
+    case = make_case("normal", (4096,), 2048, seed=10, device="cuda:1")
+    check(case, True)

@@ -1,0 +1,206 @@
+"""The kernels against reference.py on small shapes of every family.
+
+On a machine without a GPU these run the real Triton kernels on CPU tensors
+through Triton's interpreter (conftest.py); on a GPU they run compiled.
+"""
+import pytest
+import torch
+
+import trainnorm
+from trainnorm import dispatch
+from trainnorm.configs import backward_config
+from trainnorm.families import FAMILIES, make_case
+
+from helpers import assert_bits_equal, check_backward, check_forward
+
+EPS = 1e-6
+# H of the tuned families, odd widths, and widths past one tile (forward 16384, backward 8192)
+HIDDEN = [512, 1536, 2048, 4096, 5120, 6144, 1000, 1, 33, 257]
+WIDE = [8200, 20000]
+
+
+def run_both(case, *, deterministic=True, eps=EPS):
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, eps, residual=case.residual)
+    dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=deterministic)
+    return y, rstd, h, dx, dw
+
+
+def check_case(case, deterministic=True):
+    y, rstd, h, dx, dw = run_both(case, deterministic=deterministic)
+    check_forward(case.x, case.weight, EPS, case.residual, y, rstd, h)
+    check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
+    return y, rstd, h, dx, dw
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_plain_rows(device, hidden, dtype):
+    case = make_case("normal", (37,), hidden, dtype=dtype, seed=hidden, device=device)
+    check_case(case)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_families_both_modes(device, family, weight_dtype, deterministic):
+    # 300 rows: several dw chunks, so the partial + combine (or atomic) forms run
+    case = make_case(family, (300,), 2048, weight_dtype=weight_dtype, seed=7, device=device)
+    assert dispatch.backward_plan(300, 2048, torch.bfloat16, deterministic, True).num_chunks > 1
+    check_case(case, deterministic)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_residual(device, weight_dtype):
+    case = make_case("normal", (3, 41), 6144, weight_dtype=weight_dtype, residual=True, seed=3, device=device)
+    y, rstd, h, dx, dw = check_case(case)
+    # y is computed from the rounded h: the same bits as normalising h itself
+    y2, rstd2, _ = trainnorm.rms_norm_forward(h, case.weight, EPS)
+    assert_bits_equal(y, y2, "y(x, r) vs y(h)")
+    assert_bits_equal(rstd, rstd2, "rstd(x, r) vs rstd(h)")
+
+
+@pytest.mark.parametrize("hidden", WIDE)
+def test_wide_rows_tile_loop(device, hidden):
+    # rows wider than one register tile take the two-pass loop (and fp64 in-place partials)
+    assert backward_config(hidden, torch.bfloat16).col_tiles(hidden) > 1
+    for deterministic in (True, False):
+        case = make_case("outlier", (19,), hidden, residual=True, seed=hidden, device=device)
+        check_case(case, deterministic)
+
+
+def test_weight_none(device):
+    case = make_case("normal", (20,), 1536, seed=1, device=device)
+    case.weight = None
+    y, rstd, h, dx, dw = check_case(case)
+    assert dw is None
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-2, None])
+def test_eps(device, eps):
+    case = make_case("normal", (9,), 512, dtype=torch.float16, seed=2, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, eps)
+    check_forward(case.x, case.weight, eps if eps is not None else torch.finfo(torch.float16).eps, None, y, rstd, h)
+
+
+def test_empty_rows(device):
+    x = torch.empty(0, 4, 2048, dtype=torch.bfloat16, device=device)
+    w = torch.ones(2048, dtype=torch.bfloat16, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(x, w)
+    assert y.shape == x.shape and rstd.shape == (0, 4)
+    for deterministic in (True, False):
+        dx, dw = trainnorm.rms_norm_backward(torch.empty_like(x), x, w, rstd, deterministic=deterministic)
+        assert dx.shape == x.shape
+        assert dw.dtype == torch.float32 and torch.equal(dw, torch.zeros_like(dw))
+
+
+def test_single_row_and_1d(device):
+    case = make_case("normal", (1,), 4096, seed=4, device=device)
+    check_case(case)
+    y1, rstd1, _ = trainnorm.rms_norm_forward(case.x[0], case.weight)
+    assert y1.shape == (4096,) and rstd1.shape == ()
+    assert_bits_equal(y1, trainnorm.rms_norm_forward(case.x, case.weight)[0][0])
+
+
+def test_three_d_and_noncontiguous_grads(device):
+    case = make_case("normal", (3, 5), 512, seed=5, device=device)
+    # dy arrives as the transpose of a [S, B, H] tensor: a two-level row layout
+    case.dy = case.dy.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not case.dy.is_contiguous()
+    check_case(case)
+
+
+def test_query_view_read_in_place(device):
+    case = make_case("outlier", (33, 24), 256, query_view=True, seed=6, device=device)
+    assert case.x.stride() == (24 * 512, 512, 1)
+    # rows of the query view sit 512 elements apart: one stride, read in place
+    nh, ((t, st, sh),) = dispatch.row_views(case.x)
+    assert t is case.x and (nh, st) == (1, 512), "the query view must not be copied"
+    y, rstd, h, dx, dw = check_case(case)
+    assert y.shape == (33, 24, 256) and rstd.shape == (33, 24)
+    # the same rows, contiguous, give the same bits
+    y2, rstd2, _, dx2, dw2 = run_both(type(case)(case.x.contiguous(), case.weight, case.dy))
+    for a, b, n in ((y, y2, "y"), (rstd, rstd2, "rstd"), (dx, dx2, "dx"), (dw, dw2, "dw")):
+        assert_bits_equal(a, b, n)
+
+
+def test_key_view(device):
+    case = make_case("normal", (29, 4), 256, residual=True, seed=8, device=device)
+    check_case(case)
+
+
+def test_last_dim_stride_copied(device):
+    case = make_case("normal", (7,), 512, seed=9, device=device)
+    x = torch.empty(7, 1024, dtype=case.x.dtype, device=device)[:, ::2]
+    x.copy_(case.x)
+    assert x.stride(-1) == 2
+    y, rstd, _ = trainnorm.rms_norm_forward(x, case.weight)
+    assert_bits_equal(y, trainnorm.rms_norm_forward(case.x, case.weight)[0], "strided last dim")
+
+
+# --- determinism, modes, batch invariance ---------------------------------------------------
+
+def test_repeat_bitwise(device):
+    case = make_case("outlier", (150,), 1536, weight_dtype=torch.float32, residual=True, seed=10, device=device)
+    first = run_both(case)
+    for _ in range(2):
+        for a, b in zip(first, run_both(case)):
+            assert_bits_equal(a, b, "repeat")
+
+
+@pytest.mark.parametrize("hidden,rows", [(2048, 200), (256, 700), (8200, 40)])
+def test_sm_count_independent(device, hidden, rows):
+    case = make_case("normal", (rows,), hidden, seed=11, device=device)
+    with dispatch.simulate_sm_count(132):
+        ref = run_both(case)
+    for sms in (1, 3, 7, 1000):
+        with dispatch.simulate_sm_count(sms):
+            out = run_both(case)
+        for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
+            assert_bits_equal(a, b, f"{n} with {sms} SMs")
+
+
+@pytest.mark.parametrize("hidden,rows", [(512, 300), (5120, 120), (8200, 40)])
+def test_modes_equal_except_dw(device, hidden, rows):
+    case = make_case("normal", (rows,), hidden, residual=True, seed=12, device=device)
+    det = run_both(case, deterministic=True)
+    fast = run_both(case, deterministic=False)
+    for a, b, n in zip(det[:4], fast[:4], ("y", "rstd", "h", "dx")):
+        assert_bits_equal(a, b, n)
+    torch.testing.assert_close(det[4], fast[4], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("hidden,rows", [(512, 257), (2048, 150), (6144, 90)])
+def test_batch_invariance(device, hidden, rows):
+    big = make_case("normal", (rows,), hidden, residual=True, seed=13, device=device)
+    out_big = run_both(big)
+    for lo, hi in ((0, 1), (5, 21), (40, rows)):
+        sub = type(big)(big.x[lo:hi], big.weight, big.dy[lo:hi], big.residual[lo:hi], big.dh[lo:hi])
+        out = run_both(sub)
+        for a, b, n in zip(out_big[:4], out[:4], ("y", "rstd", "h", "dx")):
+            assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
+    # a row's outputs do not depend on what the other rows hold
+    other = type(big)(big.x.clone(), big.weight, big.dy.clone(), big.residual.clone(), big.dh.clone())
+    other.x[1:] = torch.randn_like(other.x[1:], dtype=torch.float32).to(other.x.dtype) * 7
+    other.dy[1:] = 0
+    out = run_both(other)
+    for a, b, n in zip(out_big[:4], out[:4], ("y", "rstd", "h", "dx")):
+        assert_bits_equal(a[:1], b[:1], f"{n} row 0 with other rows changed")
+
+
+def test_workspace_reuse(device):
+    case = make_case("normal", (300,), 2048, seed=14, device=device)
+    rows = 300
+    nbytes = trainnorm.backward_workspace_bytes(rows, 2048)
+    assert nbytes > 0
+    ws = trainnorm.backward_workspace(rows, 2048, device=device)
+    assert ws.numel() == nbytes and ws.dtype == torch.uint8
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
+    ref = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd)
+    for _ in range(2):
+        out = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, workspace=ws)
+        assert_bits_equal(ref[0], out[0], "dx")
+        assert_bits_equal(ref[1], out[1], "dw")
+    # a smaller problem fits in the same workspace
+    small = trainnorm.rms_norm_backward(case.dy[:100], h[:100], case.weight, rstd[:100], workspace=ws)
+    check_backward(case.dy[:100], h[:100], case.weight, rstd[:100], None, *small)
+    assert trainnorm.backward_workspace_bytes(rows, 2048, deterministic=False) == 0
