@@ -1,0 +1,22 @@
+"""trainnorm's benchmark: ``trainnorm bench``.
+
+Latency of the forward, the backward and a checkpointed training step
+(fwd + fwd + bwd) of trainnorm (deterministic and fast dw) against
+torch.compile of an explicit FP32-statistics reference, QuACK, Liger-Kernel,
+Transformer Engine and PyTorch eager, on 78 shapes plus 20 small-T shapes.
+
+- shapes: the rows, their ids, and the bytes each op must move (the floor);
+- timing: CUDA-graph replays after an L2 flush, interleaved passes;
+- impls: one adapter per implementation, and the dw accuracy check;
+- report: matching, ratios, summary, markdown, JSON and plots;
+- run: the command line (``main(argv)``).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``trainnorm bench`` with the given arguments; returns the exit status."""
+    from .run import main as _main
+    return _main(argv)
+
+
+__all__ = ["main"]

@@ -1,0 +1,537 @@
+"""The implementations a row is timed with, behind one small adapter interface.
+
+Every adapter has a ``name``, ``available()`` (with ``reason`` set when it is
+not), ``version()``, ``skip_reason(row)`` for shapes it cannot run, and
+``row_note(row)`` for what the reader should know about its timing on a row.
+Per row, ``begin_row(data)`` allocates what the adapter keeps (workspaces,
+compiled functions, its own dy buffer) once, outside the timing, and
+``end_row()`` drops it. ``prepare(data, op)`` returns the zero-argument
+callable that is timed:
+
+- fwd:  the forward, storing what the backward needs (rstd, and h with a residual);
+- bwd:  the backward alone, on the saved tensors of one forward run in prepare;
+- step: forward, forward, backward (activation checkpointing recomputes the
+  forward), the backward consuming the second forward's outputs.
+
+``compute_dw(data)`` runs forward and backward once and returns the dw, h and
+rstd the implementation produced, for the accuracy check: dw against the FP64
+evaluation of the formula at the implementation's own rstd
+(``reference.backward_fp64``), as ``err/tol`` with the per-element tolerance
+1e-4 + 1e-4 |ref|. A dw returned in BF16 is checked as returned.
+
+Peers are imported lazily; one that does not import is reported with a
+one-line reason and left out.
+"""
+from __future__ import annotations
+
+import types
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+import trainnorm
+from trainnorm import reference
+
+from .shapes import STRIDED_ROW, Row
+from .timing import first_line
+
+EPS = 1e-6
+ACT_DTYPE = torch.bfloat16
+
+
+def _dist_version(*names: str) -> str | None:
+    from importlib import metadata
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+@dataclass
+class RowData:
+    """A row's inputs, allocated once and shared (read-only) by every implementation."""
+
+    row: Row
+    x: torch.Tensor                 # [T, H], or [T, heads, 256] (a strided view for [T,24,256])
+    w: torch.Tensor                 # [H], BF16 or FP32
+    dy: torch.Tensor                # like x, contiguous
+    r: torch.Tensor | None = None   # residual
+    dh: torch.Tensor | None = None  # gradient reaching h (residual rows)
+    base: torch.Tensor | None = None  # storage behind the strided per-head view
+
+    @property
+    def hidden(self) -> int:
+        return self.x.shape[-1]
+
+    def flat(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """[rows, H] view (every layout of the benchmark flattens without a copy)."""
+        return None if t is None else t.view(-1, t.shape[-1])
+
+
+def make_row_data(row: Row, device, seed: int = 0) -> RowData:
+    """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1); a seed per row id."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed * 1_000_003 + zlib.crc32(row.id.encode()))
+
+    def randn(*shape, dtype=ACT_DTYPE):
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+    base = None
+    if row.strided:
+        # every other 256-slice of a 12288-wide projection: strides (12288, 512, 1)
+        base = randn(row.tokens, STRIDED_ROW)
+        x = base.view(row.tokens, row.heads, STRIDED_ROW // row.heads)[:, :, : row.hidden]
+    else:
+        x = randn(*row.shape)
+    wdtype = torch.float32 if row.w32 else ACT_DTYPE
+    w = (1.0 + 0.1 * randn(row.hidden, dtype=torch.float32)).to(wdtype)
+    dy = randn(*row.shape)
+    r = randn(*row.shape) if row.residual else None
+    dh = randn(*row.shape) if row.residual else None
+    return RowData(row, x, w, dy, r, dh, base)
+
+
+# --- the explicit FP32-statistics reference (eager and torch.compile) -----------------------
+
+def ref_forward(x, w):
+    """y = round(f32(x) * rstd * f32(w)) with rstd in FP32; returns (y, rstd)."""
+    hf = x.float()
+    rstd = torch.rsqrt(hf.square().mean(-1) + EPS)
+    y = (hf * rstd.unsqueeze(-1) * w.float()).to(x.dtype)
+    return y, rstd
+
+
+def ref_forward_residual(x, w, r):
+    """h = round(f32(x) + f32(r)); y from the rounded h; returns (y, rstd, h)."""
+    h = (x.float() + r.float()).to(x.dtype)
+    hf = h.float()
+    rstd = torch.rsqrt(hf.square().mean(-1) + EPS)
+    y = (hf * rstd.unsqueeze(-1) * w.float()).to(x.dtype)
+    return y, rstd, h
+
+
+def ref_backward(dy, h, w, rstd, dh):
+    """(dx, dw) of the contract's formulas in FP32; dw is FP32 [H]."""
+    hidden = h.shape[-1]
+    g = dy.float() * w.float()
+    xhat = h.float() * rstd.unsqueeze(-1)
+    c = (g * xhat).mean(-1, keepdim=True)
+    dx = rstd.unsqueeze(-1) * (g - xhat * c)
+    if dh is not None:
+        dx = dx + dh.float()
+    dw = (dy.float() * xhat).reshape(-1, hidden).sum(0)
+    return dx.to(h.dtype), dw
+
+
+def _fresh(fn):
+    """A copy of fn with its own code object.
+
+    torch.compile (dynamo) keeps its compiled variants and its recompile limit
+    per code object; one copy per (row, implementation) keeps every compile
+    static-shape and independent of the other rows and of the other mode."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+# --- accuracy ------------------------------------------------------------------------------
+
+def reference_dw(dy, h, w, rstd, dh=None, chunk_elems: int = 1 << 25) -> torch.Tensor:
+    """FP64 dw of the formula at the given rstd (``reference.backward_fp64``), in row
+    chunks so that the FP64 temporaries of a 65536 x 6144 row stay small."""
+    hidden = h.shape[-1]
+    dy2, h2 = dy.reshape(-1, hidden), h.reshape(-1, hidden)
+    dh2 = dh.reshape(-1, hidden) if dh is not None else None
+    r2 = rstd.reshape(-1)
+    step = max(1, chunk_elems // hidden)
+    acc = torch.zeros(hidden, dtype=torch.float64, device=h.device)
+    for i in range(0, h2.shape[0], step):
+        sl = slice(i, i + step)
+        _, dw = reference.backward_fp64(dy2[sl], h2[sl], w, r2[sl], dh2[sl] if dh2 is not None else None)
+        acc += dw
+    return acc
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def dw_check(impl: "Impl", d: RowData) -> tuple[float, str]:
+    """(err/tol, dw dtype) of the implementation's dw on this row."""
+    dw, h, rstd = impl.compute_dw(d)
+    ref = reference_dw(d.dy, h, d.w, rstd.float(), d.dh)
+    return reference.dw_err_over_tol(dw, ref), dtype_name(dw.dtype)
+
+
+# --- adapters ------------------------------------------------------------------------------
+
+class Impl:
+    """Base adapter: subclasses define forward / backward / saved."""
+
+    name = ""
+    description = ""
+
+    def __init__(self):
+        self.reason = ""
+
+    def available(self) -> bool:
+        return True
+
+    def version(self) -> str | None:
+        return None
+
+    def skip_reason(self, row: Row) -> str | None:
+        return None
+
+    def row_note(self, row: Row) -> str:
+        return ""
+
+    def begin_row(self, d: RowData) -> None:
+        pass
+
+    def end_row(self) -> None:
+        pass
+
+    # forward(d) -> state; backward(d, state) -> (dx, dw); saved(d, state) -> (h, rstd)
+    def forward(self, d: RowData):
+        raise NotImplementedError
+
+    def backward(self, d: RowData, state):
+        raise NotImplementedError
+
+    def saved(self, d: RowData, state):
+        raise NotImplementedError
+
+    def prepare(self, d: RowData, op: str) -> Callable[[], object]:
+        if op == "fwd":
+            return lambda: self.forward(d)
+        if op == "bwd":
+            state = self.forward(d)
+            return lambda: self.backward(d, state)
+        if op == "step":
+            def step():
+                self.forward(d)
+                return self.backward(d, self.forward(d))
+            return step
+        raise ValueError(f"unknown op {op!r}")
+
+    def compute_dw(self, d: RowData):
+        state = self.forward(d)
+        _, dw = self.backward(d, state)
+        h, rstd = self.saved(d, state)
+        return dw, h, rstd
+
+
+class Trainnorm(Impl):
+    """trainnorm's explicit entry points, with a preallocated backward workspace."""
+
+    def __init__(self, deterministic: bool):
+        super().__init__()
+        self.deterministic = deterministic
+        self.name = "trainnorm" if deterministic else "trainnorm-fast"
+        self.description = f"trainnorm.rms_norm_forward / rms_norm_backward(deterministic={deterministic})"
+        self.ws = None
+
+    def version(self):
+        return trainnorm.__version__
+
+    def begin_row(self, d):
+        self.ws = trainnorm.backward_workspace(d.row.rows, d.hidden, deterministic=self.deterministic,
+                                               device=d.x.device, dtype=d.x.dtype)
+
+    def end_row(self):
+        self.ws = None
+
+    def forward(self, d):
+        return trainnorm.rms_norm_forward(d.x, d.w, EPS, residual=d.r)   # (y, rstd, h)
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        return trainnorm.rms_norm_backward(d.dy, h, d.w, rstd, dh=d.dh,
+                                           deterministic=self.deterministic, workspace=self.ws)
+
+    def saved(self, d, state):
+        return state[2], state[1]
+
+
+class Eager(Impl):
+    """The explicit FP32-statistics reference in PyTorch eager (one kernel per op)."""
+
+    name = "eager"
+    description = "PyTorch eager, explicit FP32-statistics reference"
+
+    def _fns(self):
+        return ref_forward, ref_forward_residual, ref_backward
+
+    def version(self):
+        return torch.__version__
+
+    def forward(self, d):
+        fwd, fwd_res, _ = self._fns()
+        if d.r is None:
+            y, rstd = fwd(d.x, d.w)
+            return y, rstd, d.x
+        return fwd_res(d.x, d.w, d.r)
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        return self._fns()[2](d.dy, h, d.w, rstd, d.dh)
+
+    def saved(self, d, state):
+        return state[2], state[1]
+
+
+class Compiled(Eager):
+    """torch.compile of the explicit reference, forward and backward compiled
+    separately (static shapes, fullgraph), so the timed backward holds no forward."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+        self.name = "torch-compile" if mode == "default" else "torch-compile-maxat"
+        self.description = f"torch.compile(mode={mode!r}, dynamic=False) of the explicit reference"
+        self._compiled = None
+
+    def begin_row(self, d):
+        import torch._inductor.config as inductor_config
+        # round to BF16 where the eager reference rounds (h before y), as eager does
+        if hasattr(inductor_config, "emulate_precision_casts"):
+            inductor_config.emulate_precision_casts = True
+
+        def comp(fn):
+            return torch.compile(_fresh(fn), mode=self.mode, dynamic=False, fullgraph=True)
+
+        self._compiled = (comp(ref_forward), comp(ref_forward_residual), comp(ref_backward))
+
+    def end_row(self):
+        self._compiled = None
+
+    def _fns(self):
+        return self._compiled
+
+
+class Quack(Impl):
+    """QuACK (CuTe DSL) with its analytical heuristic configuration.
+
+    ``quack.rmsnorm.rmsnorm_fwd(x, weight, bias=None, residual=None, out_dtype=None,
+    residual_dtype=None, eps=1e-6, store_rstd=False, weight_offset=0.0)
+    -> (out, residual_out, rstd)`` and ``rmsnorm_bwd(x, weight, dout, rstd,
+    dresidual_out=None, has_bias=False, has_residual=False, weight_offset=0.0)
+    -> (dx, dw, db, dresidual)``, the functions its autograd Function calls.
+    Inputs are flattened to [rows, H] (a view: the strided per-head rows keep
+    their row stride of 512 and are read in place, as QuACK's own rmsnorm()
+    does). dw comes back in the weight's dtype (its FP32 partials summed and
+    cast), so BF16-weight rows carry a BF16 dw. The residual is fused (h
+    returned as residual_out; the backward adds dh via dresidual_out)."""
+
+    name = "quack"
+    description = "QuACK rmsnorm_fwd / rmsnorm_bwd, heuristic config"
+
+    def __init__(self):
+        super().__init__()
+        self.qr = None
+
+    def available(self):
+        try:
+            import quack.rmsnorm as qr
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+            self.reason = f"not importable ({first_line(exc)})"
+            return False
+        self.qr = qr
+        return True
+
+    def version(self):
+        try:
+            import quack
+            return getattr(quack, "__version__", None) or _dist_version("quack-kernels")
+        except Exception:  # noqa: BLE001
+            return None
+
+    def forward(self, d):
+        out, res_out, rstd = self.qr.rmsnorm_fwd(d.flat(d.x), d.w, residual=d.flat(d.r), eps=EPS,
+                                                 store_rstd=True)
+        return out, rstd, res_out      # res_out is x itself without a residual
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        dx, dw, _, _ = self.qr.rmsnorm_bwd(h, d.w, d.flat(d.dy), rstd, dresidual_out=d.flat(d.dh),
+                                           has_residual=d.r is not None)
+        return dx, dw
+
+    def saved(self, d, state):
+        return state[2], state[1]
+
+
+class QuackAutotune(Quack):
+    """QuACK with its exhaustive per-shape autotune (``rmsnorm_fwd_tuned`` /
+    ``rmsnorm_bwd_tuned``); the search runs in the warm-up, before capture."""
+
+    name = "quack-autotune"
+    description = "QuACK rmsnorm_fwd_tuned / rmsnorm_bwd_tuned, exhaustive autotune"
+
+    def forward(self, d):
+        x, r = d.flat(d.x), d.flat(d.r)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if r is not None else None
+        self.qr.rmsnorm_fwd_tuned(x, d.w, out, None, rstd, None, r, res_out,
+                                  eps=EPS, is_layernorm=False, per_head=False)
+        return out, rstd, (res_out if r is not None else x)
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        n = h.shape[-1]
+        sm = self.qr.get_sm_count(n, h.device)
+        dx = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        dw_partial = torch.empty((sm, n), dtype=torch.float32, device=h.device)
+        self.qr.rmsnorm_bwd_tuned(h, d.w, d.flat(d.dy), rstd, dx, dw_partial, None, d.flat(d.dh), None, sm,
+                                  per_head=False, has_dw_partial=True, has_db_partial=False,
+                                  is_layernorm=False)
+        return dx, dw_partial.sum(dim=0).to(d.w.dtype)
+
+
+class Liger(Impl):
+    """Liger-Kernel's RMSNorm in casting mode "gemma" (everything in FP32), offset 0.
+
+    ``liger_kernel.ops.rms_norm.rms_norm_forward(X, W, eps, offset, casting_mode,
+    row_mode) -> (Y, X, RSTD, BLOCK_SIZE, num_warps, casting_mode)`` and
+    ``rms_norm_backward(dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE,
+    num_warps, in_place, row_mode, needs_dw=None) -> (dX, dW)``: the helpers
+    ``LigerRMSNormFunction.forward(ctx, X, W, eps, offset=0.0,
+    casting_mode="llama", in_place=True, row_mode=None)`` and its backward call.
+    As that Function does, inputs are made contiguous first (a copy, timed, on
+    the strided per-head rows) and the backward writes dx into dy
+    (in_place=True, its default): the adapter keeps its own dy buffer.
+    dW comes back in the weight's dtype. No residual."""
+
+    name = "liger"
+    description = 'Liger-Kernel rms_norm_forward / rms_norm_backward, casting_mode="gemma"'
+
+    def __init__(self):
+        super().__init__()
+        self.ops = None
+        self.dy = None
+
+    def available(self):
+        try:
+            import liger_kernel.ops.rms_norm as ops
+        except Exception as exc:  # noqa: BLE001
+            self.reason = f"not importable ({first_line(exc)})"
+            return False
+        self.ops = ops
+        return True
+
+    def version(self):
+        return _dist_version("liger-kernel", "liger_kernel")
+
+    def skip_reason(self, row):
+        if row.residual:
+            return "no fused residual add"
+        return None
+
+    def row_note(self, row):
+        if row.strided:
+            return "input made contiguous first (as LigerRMSNormFunction does); the copy is timed"
+        return ""
+
+    def begin_row(self, d):
+        self.dy = d.dy.clone()
+
+    def end_row(self):
+        self.dy = None
+
+    def forward(self, d):
+        return self.ops.rms_norm_forward(d.x.contiguous(), d.w, EPS, 0.0, "gemma", None)
+
+    def _backward(self, d, state, dy):
+        _, x, rstd, block, warps, mode = state
+        return self.ops.rms_norm_backward(dy, x, d.w, rstd, 0.0, mode, block, warps, True, None, needs_dw=True)
+
+    def backward(self, d, state):
+        return self._backward(d, state, self.dy)
+
+    def saved(self, d, state):
+        return state[1], state[2]
+
+    def compute_dw(self, d):
+        state = self.forward(d)
+        _, dw = self._backward(d, state, d.dy.clone())   # a fresh dy: the backward overwrites it
+        h, rstd = self.saved(d, state)
+        return dw, h, rstd
+
+
+class TransformerEngine(Impl):
+    """Transformer Engine's ``transformer_engine.pytorch.RMSNorm`` module, through
+    autograd: fwd is the module call, bwd is ``torch.autograd.grad`` of a kept
+    output (the only public entry). Its rstd is internal, so dw is checked
+    against FP64 at the FP32 rstd of the eager formula. No residual."""
+
+    name = "transformer-engine"
+    description = "transformer_engine.pytorch.RMSNorm (autograd)"
+
+    def __init__(self):
+        super().__init__()
+        self.te = None
+        self.mod = None
+        self.x = None
+
+    def available(self):
+        try:
+            import transformer_engine.pytorch as te
+        except Exception as exc:  # noqa: BLE001
+            self.reason = f"not importable ({first_line(exc)})"
+            return False
+        self.te = te
+        return True
+
+    def version(self):
+        try:
+            import transformer_engine
+            return getattr(transformer_engine, "__version__", None) or _dist_version("transformer-engine")
+        except Exception:  # noqa: BLE001
+            return None
+
+    def skip_reason(self, row):
+        if row.residual:
+            return "no fused residual add"
+        return None
+
+    def begin_row(self, d):
+        self.mod = self.te.RMSNorm(d.hidden, eps=EPS, params_dtype=d.w.dtype, device=d.x.device)
+        with torch.no_grad():
+            self.mod.weight.copy_(d.w)
+        self.x = d.x.detach().requires_grad_(True)
+
+    def end_row(self):
+        self.mod = None
+        self.x = None
+
+    def forward(self, d):
+        return self.mod(self.x)
+
+    def backward(self, d, state):
+        dx, dw = torch.autograd.grad(state, (self.x, self.mod.weight), d.dy, retain_graph=True)
+        return dx, dw
+
+    def saved(self, d, state):
+        hf = d.x.float()
+        return d.x, torch.rsqrt(hf.square().mean(-1) + EPS)
+
+
+IMPL_NAMES = ("trainnorm", "trainnorm-fast", "torch-compile", "torch-compile-maxat", "quack",
+              "quack-autotune", "liger", "transformer-engine", "eager")
+
+
+def make_impls(quack_autotune: bool = False) -> list[Impl]:
+    """Every adapter, in the order of the report (trainnorm first, eager last)."""
+    impls: list[Impl] = [Trainnorm(True), Trainnorm(False), Compiled("default"),
+                         Compiled("max-autotune-no-cudagraphs"), Quack()]
+    if quack_autotune:
+        impls.append(QuackAutotune())
+    impls += [Liger(), TransformerEngine(), Eager()]
+    return impls

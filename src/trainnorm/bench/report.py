@@ -1,0 +1,473 @@
+"""Turning measurements into the comparison: matching, ratios, summary, markdown, JSON, plots.
+
+Everything here is pure Python on plain records (plots need matplotlib and are
+skipped with a note without it), so it is tested without a GPU.
+
+Matching. For fwd rows the best peer is the fastest implementation other than
+trainnorm's two modes. For bwd and step rows a peer counts only if it returns
+dw in float32 (the contract's dw dtype; Liger and QuACK return the weight's
+dtype) and its dw meets the budget B = 1: err/tol <= 1 with
+err/tol = max |dw - ref| / (1e-4 + 1e-4 |ref|) against FP64 at its own rstd.
+Faster peers that fail either condition are listed under the table.
+
+Ratios are peer latency / trainnorm latency: above 1 trainnorm is faster.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+from . import shapes
+from .shapes import Row
+
+DW_BUDGET = 1.0
+TRAINNORM_DET = "trainnorm"
+TRAINNORM_FAST = "trainnorm-fast"
+TRAINNORM_NAMES = (TRAINNORM_DET, TRAINNORM_FAST)
+GROUPS = (("seed", "78-shape list"), ("small_t", "small T"))
+
+
+@dataclass
+class Measurement:
+    """One implementation's op on one row: latency statistics over all passes (us)."""
+
+    row: str
+    op: str
+    impl: str
+    median_us: float | None = None
+    p20_us: float | None = None
+    p80_us: float | None = None
+    pass_medians: list[float] = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)
+    mode: str = "graph"          # graph | eager | skipped | failed
+    note: str = ""
+    dw_err: float | None = None  # err/tol of its dw (bwd and step)
+    dw_dtype: str | None = None
+
+    @property
+    def timed(self) -> bool:
+        return self.median_us is not None
+
+
+@dataclass
+class BenchResult:
+    env: dict
+    config: dict
+    rows: list[Row]
+    ops: list[str]
+    impls: list[str]
+    copy_bytes_per_s: float | None
+    measurements: list[Measurement]
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def floor_us(self, row: Row, op: str) -> float | None:
+        if not self.copy_bytes_per_s:
+            return None
+        return shapes.floor_us(row, op, self.copy_bytes_per_s)
+
+
+@dataclass
+class Comparison:
+    row: Row
+    op: str
+    floor_us: float | None
+    det: Measurement | None
+    fast: Measurement | None
+    peer: Measurement | None
+    outside: list[Measurement]   # faster peers that are not matched (dw budget or dtype)
+
+    @property
+    def ratio_det(self) -> float | None:
+        return _ratio(self.peer, self.det)
+
+    @property
+    def ratio_fast(self) -> float | None:
+        return _ratio(self.peer, self.fast)
+
+
+def _ratio(peer: Measurement | None, mine: Measurement | None) -> float | None:
+    if peer is None or mine is None or not peer.timed or not mine.timed or mine.median_us <= 0:
+        return None
+    return peer.median_us / mine.median_us
+
+
+# --- matching -------------------------------------------------------------------------------
+
+def is_matched(m: Measurement, op: str, budget: float = DW_BUDGET) -> bool:
+    """A peer's result can stand in for trainnorm's: timed, and for bwd/step an FP32 dw within budget."""
+    if not m.timed:
+        return False
+    if op == "fwd":
+        return True
+    return m.dw_dtype == "float32" and m.dw_err is not None and m.dw_err <= budget
+
+
+def best_peer(cells: dict[str, Measurement], op: str, budget: float = DW_BUDGET):
+    """(fastest matched peer or None, faster unmatched peers sorted by latency)."""
+    peers = [m for name, m in cells.items() if name not in TRAINNORM_NAMES and m.timed]
+    matched = [m for m in peers if is_matched(m, op, budget)]
+    best = min(matched, key=lambda m: m.median_us) if matched else None
+    outside = sorted((m for m in peers if not is_matched(m, op, budget)
+                      and (best is None or m.median_us < best.median_us)), key=lambda m: m.median_us)
+    return best, outside
+
+
+def index(measurements: list[Measurement]) -> dict[tuple[str, str], dict[str, Measurement]]:
+    out: dict[tuple[str, str], dict[str, Measurement]] = {}
+    for m in measurements:
+        out.setdefault((m.row, m.op), {})[m.impl] = m
+    return out
+
+
+def compare(result: BenchResult) -> list[Comparison]:
+    """One comparison per (row, op) that has any measurement, in row order."""
+    cells = index(result.measurements)
+    out = []
+    for row in result.rows:
+        for op in result.ops:
+            c = cells.get((row.id, op))
+            if c is None:
+                continue
+            peer, outside = best_peer(c, op)
+            out.append(Comparison(row, op, result.floor_us(row, op), c.get(TRAINNORM_DET),
+                                  c.get(TRAINNORM_FAST), peer, outside))
+    return out
+
+
+# --- summary --------------------------------------------------------------------------------
+
+def geomean(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def summarize(comparisons: list[Comparison]) -> list[dict]:
+    """Geomean and minimum of the ratios vs the best matched peer, per op, over the
+    78 shapes and over the small-T rows; rows without a matched peer are counted apart."""
+    out = []
+    for group, _ in GROUPS:
+        for op in shapes.OPS:
+            cs = [c for c in comparisons if c.op == op and (c.row.small_t == (group == "small_t"))]
+            if not cs:
+                continue
+            det = [c.ratio_det for c in cs if c.ratio_det is not None]
+            fast = [c.ratio_fast for c in cs if c.ratio_fast is not None]
+            fvd = [_ratio(c.det, c.fast) for c in cs if _ratio(c.det, c.fast) is not None]
+            out.append({
+                "group": group, "op": op, "rows": len(cs),
+                "unmatched": sum(1 for c in cs if c.peer is None),
+                "det_geomean": geomean(det), "det_min": min(det) if det else None,
+                "det_below_1": sum(1 for r in det if r < 1),
+                "fast_geomean": geomean(fast), "fast_min": min(fast) if fast else None,
+                "fast_below_1": sum(1 for r in fast if r < 1),
+                "fast_vs_det_geomean": geomean(fvd),
+            })
+    return out
+
+
+# --- markdown -------------------------------------------------------------------------------
+
+def _us(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def _err(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _lat_floor(m: Measurement | None, floor: float | None) -> str:
+    if m is None or not m.timed:
+        return "—"
+    mark = " †" if m.mode == "eager" else ""
+    if floor is None:
+        return f"{m.median_us:.2f}{mark}"
+    return f"{m.median_us:.2f} ({100 * floor / m.median_us:.0f}%){mark}"
+
+
+def _env_lines(env: dict, result: BenchResult) -> list[str]:
+    lines = []
+    for k, v in env.items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{kk} {vv}" for kk, vv in v.items())
+        lines.append(f"- {k}: {v}")
+    if result.copy_bytes_per_s:
+        lines.append(f"- copy bandwidth (read + write, device to device): {result.copy_bytes_per_s / 1e9:.1f} GB/s")
+    for k, v in result.config.items():
+        lines.append(f"- {k}: {v}")
+    return lines
+
+
+def main_table(comparisons: list[Comparison]) -> list[str]:
+    lines = [
+        "| row | op | floor us | trainnorm det us (% floor) | trainnorm fast us (% floor) | best peer "
+        "| peer us (% floor) | det vs peer | fast vs peer | det dw err/tol |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for c in comparisons:
+        peer = c.peer.impl if c.peer is not None else "— (none matched)"
+        if c.outside:
+            peer += " *"
+        err = c.det.dw_err if (c.det is not None and c.op != "fwd") else None
+        lines.append(
+            f"| {c.row.id} | {c.op} | {_us(c.floor_us)} | {_lat_floor(c.det, c.floor_us)} "
+            f"| {_lat_floor(c.fast, c.floor_us)} | {peer} | {_lat_floor(c.peer, c.floor_us)} "
+            f"| {_x(c.ratio_det)} | {_x(c.ratio_fast)} | {_err(err)} |")
+    return lines
+
+
+def summary_table(summary: list[dict]) -> list[str]:
+    names = dict(GROUPS)
+    lines = [
+        "| rows | op | n | no matched peer | det vs peer geomean | det vs peer min | det rows < 1 "
+        "| fast vs peer geomean | fast vs peer min | fast rows < 1 | fast vs det geomean |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {names[s['group']]} | {s['op']} | {s['rows']} | {s['unmatched']} | {_x(s['det_geomean'])} "
+            f"| {_x(s['det_min'])} | {s['det_below_1']} | {_x(s['fast_geomean'])} | {_x(s['fast_min'])} "
+            f"| {s['fast_below_1']} | {_x(s['fast_vs_det_geomean'])} |")
+    return lines
+
+
+def all_impls_table(result: BenchResult) -> list[str]:
+    cells = index(result.measurements)
+    impls = result.impls
+    lines = ["| row | op | " + " | ".join(impls) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in impls) + " |"]
+    for row in result.rows:
+        for op in result.ops:
+            c = cells.get((row.id, op))
+            if c is None:
+                continue
+            vals = []
+            for name in impls:
+                m = c.get(name)
+                if m is None or not m.timed:
+                    vals.append("—")
+                    continue
+                mark = " †" if m.mode == "eager" else ""
+                vals.append(f"{m.median_us:.2f} ({m.p20_us:.2f}–{m.p80_us:.2f}){mark}")
+            lines.append(f"| {row.id} | {op} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def dw_table(result: BenchResult) -> list[str]:
+    """err/tol and dtype of each implementation's dw, per row (the same in bwd and step)."""
+    cells = index(result.measurements)
+    impls = result.impls
+    lines = ["| row | " + " | ".join(impls) + " |", "| --- | " + " | ".join("---:" for _ in impls) + " |"]
+    for row in result.rows:
+        per_impl: dict[str, Measurement] = {}
+        for op in ("bwd", "step"):
+            for name, m in cells.get((row.id, op), {}).items():
+                if m.dw_err is not None and name not in per_impl:
+                    per_impl[name] = m
+        if not per_impl:
+            continue
+        vals = []
+        for name in impls:
+            m = per_impl.get(name)
+            if m is None:
+                vals.append("—")
+            else:
+                dt = "" if m.dw_dtype == "float32" else f" ({m.dw_dtype})"
+                vals.append(f"{m.dw_err:.3f}{dt}")
+        lines.append(f"| {row.id} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def notes(result: BenchResult, comparisons: list[Comparison]) -> list[str]:
+    lines = []
+    for name, why in result.unavailable.items():
+        lines.append(f"- {name}: not run, {why}")
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for m in result.measurements:
+        if m.note:
+            rows = grouped.setdefault((m.impl, m.note), [])
+            if m.row not in rows:
+                rows.append(m.row)
+    for (impl, note), rows in grouped.items():
+        lines.append(f"- {impl}: {note} ({len(rows)} row{'s' if len(rows) != 1 else ''}: {', '.join(rows)})")
+    outside = [c for c in comparisons if c.outside]
+    if outside:
+        lines.append("")
+        lines.append("`*` faster peers that are not matched (dw outside the budget or not float32), "
+                     "us (dw err/tol, dw dtype):")
+        for c in outside:
+            parts = []
+            for m in c.outside:
+                if c.op == "fwd":
+                    parts.append(f"{m.impl} {m.median_us:.2f}")
+                else:
+                    parts.append(f"{m.impl} {m.median_us:.2f} ({_err(m.dw_err)}, {m.dw_dtype})")
+            lines.append(f"- {c.row.id} {c.op}: " + "; ".join(parts))
+    return lines
+
+
+def render_markdown(result: BenchResult) -> str:
+    comparisons = compare(result)
+    summary = summarize(comparisons)
+    out = ["# trainnorm bench", ""]
+    out += _env_lines(result.env, result)
+    out += ["", "Method: one CUDA-graph replay per sample after an L2 flush (256 MB written outside the "
+            "timed region), median over all samples of interleaved passes (order reversed every other "
+            "pass), every implementation of a row in this process. Floor = bytes the op must move / the "
+            "copy bandwidth above. `% floor` = floor / latency. Ratios = peer latency / trainnorm "
+            "latency (> 1: trainnorm is faster). Best peer for bwd and step: the fastest non-trainnorm "
+            f"implementation whose dw is float32 and within err/tol <= {DW_BUDGET:g}. "
+            "step = fwd + fwd + bwd in one graph. `†` = timed eagerly (graph capture failed).", ""]
+    out += ["## Summary", ""] + summary_table(summary) + [""]
+    out += ["## Rows", ""] + main_table(comparisons) + [""]
+    n = notes(result, comparisons)
+    if n:
+        out += ["## Notes", ""] + n + [""]
+    out += ["## All implementations: median us (p20–p80)", ""] + all_impls_table(result) + [""]
+    dwt = dw_table(result)
+    if len(dwt) > 2:
+        out += ["## dw err/tol per implementation (FP64 at its own rstd; dtype if not float32)", ""] + dwt + [""]
+    return "\n".join(out)
+
+
+# --- JSON -----------------------------------------------------------------------------------
+
+def _row_json(row: Row, result: BenchResult) -> dict:
+    d = asdict(row)
+    d.update(id=row.id, family=row.family, rows=row.rows, shape=list(row.shape),
+             bytes={op: shapes.op_bytes(row, op) for op in result.ops},
+             floor_us={op: result.floor_us(row, op) for op in result.ops})
+    return d
+
+
+def _finite(obj):
+    """NaN and infinities become null: the file stays strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def to_json(result: BenchResult) -> dict:
+    comparisons = compare(result)
+    return _finite({
+        "env": result.env,
+        "config": result.config,
+        "copy_bandwidth_bytes_per_s": result.copy_bytes_per_s,
+        "ops": list(result.ops),
+        "impls": list(result.impls),
+        "unavailable": dict(result.unavailable),
+        "rows": [_row_json(r, result) for r in result.rows],
+        "measurements": [asdict(m) for m in result.measurements],
+        "comparisons": [{
+            "row": c.row.id, "op": c.op, "floor_us": c.floor_us,
+            "peer": c.peer.impl if c.peer else None,
+            "det_us": c.det.median_us if c.det else None,
+            "fast_us": c.fast.median_us if c.fast else None,
+            "peer_us": c.peer.median_us if c.peer else None,
+            "det_vs_peer": c.ratio_det, "fast_vs_peer": c.ratio_fast,
+            "faster_unmatched": [m.impl for m in c.outside],
+        } for c in comparisons],
+        "summary": summarize(comparisons),
+    })
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+def plot(result: BenchResult, out_dir: str) -> tuple[list[str], str]:
+    """Latency vs T per family (log-log, floor dashed), one figure per op, and the
+    ratios vs the best peer per row. Returns (paths written, note)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "matplotlib is not installed: no plots (pip install matplotlib)"
+    cells = index(result.measurements)
+    paths = []
+    fams = [f for f in shapes.family_order() if any(r.family == f for r in result.rows)]
+    for op in result.ops:
+        ncols = min(4, max(1, len(fams)))
+        nrows = math.ceil(len(fams) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
+        handles: dict[str, object] = {}
+        for ax, fam in zip(axes.flat, fams):
+            rows = sorted((r for r in result.rows if r.family == fam), key=lambda r: r.tokens)
+            for name in result.impls:
+                pts = [(r.tokens, cells.get((r.id, op), {}).get(name)) for r in rows]
+                pts = [(t, m.median_us) for t, m in pts if m is not None and m.timed]
+                if pts:
+                    (ln,) = ax.plot(*zip(*pts), marker="o", markersize=3, linewidth=1, label=name)
+                    handles.setdefault(name, ln)
+            floors = [(r.tokens, result.floor_us(r, op)) for r in rows if result.floor_us(r, op)]
+            if floors:
+                (ln,) = ax.plot(*zip(*floors), "k--", linewidth=1, label="copy floor")
+                handles.setdefault("copy floor", ln)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(fam, fontsize=9)
+            ax.set_xlabel("T", fontsize=8)
+            ax.set_ylabel("us", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+        for ax in list(axes.flat)[len(fams):]:
+            ax.set_visible(False)
+        fig.suptitle(f"trainnorm bench: {op} latency (median, us)")
+        fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
+                   ncol=min(6, max(1, len(handles))), fontsize=8)
+        fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+        path = os.path.join(out_dir, f"latency_{op}.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+
+    comparisons = compare(result)
+    ops = [op for op in result.ops if any(c.op == op for c in comparisons)]
+    if ops:
+        fig, axes = plt.subplots(len(ops), 1, figsize=(max(8, 0.22 * len(result.rows) + 2), 3.6 * len(ops)),
+                                 squeeze=False)
+        for ax, op in zip(axes.flat, ops):
+            cs = [c for c in comparisons if c.op == op]
+            xs = list(range(len(cs)))
+            det = [c.ratio_det or 0.0 for c in cs]
+            fast = [c.ratio_fast or 0.0 for c in cs]
+            ax.bar([x - 0.2 for x in xs], det, width=0.4, label="det vs peer")
+            ax.bar([x + 0.2 for x in xs], fast, width=0.4, label="fast vs peer")
+            ax.axhline(1.0, color="k", linewidth=0.8)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([c.row.id for c in cs], rotation=90, fontsize=6)
+            ax.set_ylabel("peer us / trainnorm us", fontsize=8)
+            ax.set_title(f"{op}: ratio vs best matched peer (> 1: trainnorm faster)", fontsize=9)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        path = os.path.join(out_dir, "ratio_vs_peer.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths, ""
+
+
+def write_outputs(result: BenchResult, out_dir: str, plots: bool = True) -> tuple[list[str], str]:
+    """bench.md, bench.json and the plots in out_dir; returns (paths, plot note)."""
+    os.makedirs(out_dir, exist_ok=True)
+    md = os.path.join(out_dir, "bench.md")
+    js = os.path.join(out_dir, "bench.json")
+    with open(md, "w") as f:
+        f.write(render_markdown(result))
+    with open(js, "w") as f:
+        json.dump(to_json(result), f, allow_nan=False)
+    paths, note = [md, js], ""
+    if plots:
+        more, note = plot(result, out_dir)
+        paths += more
+    return paths, note

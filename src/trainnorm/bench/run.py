@@ -1,0 +1,341 @@
+"""`trainnorm bench`: time trainnorm against its peers, row by row, and write the report.
+
+For every row: allocate the inputs once; check each implementation's dw
+against FP64 (bwd and step rows); then per op capture every implementation's
+op in its own CUDA graph, sample them in interleaved passes, and release the
+graphs before the next op. The row's tensors are freed before the next row.
+bench.md and bench.json are rewritten after every row, so an interrupted run
+keeps what it measured; the plots are drawn at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+from . import report, shapes, timing
+from .impls import EPS, IMPL_NAMES, Impl, RowData, dw_check, make_impls, make_row_data
+from .timing import first_line
+from .report import DW_BUDGET, TRAINNORM_NAMES, BenchResult, Measurement
+
+DEFAULT_SAMPLES = 25
+QUICK_SAMPLES = 10
+DEFAULT_PASSES = 3
+SEED = 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainnorm bench",
+        description="Latency of trainnorm's forward, backward and 2 x fwd + bwd against its peers "
+                    "(CUDA-graph replays after an L2 flush, median of interleaved passes), with the "
+                    "copy-bandwidth floor of every row and the dw accuracy of every implementation.")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a representative subset ({len(shapes.QUICK_IDS)} rows) with {QUICK_SAMPLES} "
+                        "samples per pass")
+    p.add_argument("--shapes", action="append", metavar="PATTERN",
+                   help="keep rows whose id contains PATTERN or matches it as a regex, e.g. 'H6144', "
+                        "'res', '^H4096 T(1|4)$' (repeatable)")
+    p.add_argument("--ops", default=",".join(shapes.OPS), help="comma-separated subset of fwd,bwd,step")
+    p.add_argument("--impls", default=None,
+                   help="comma-separated subset of: " + ", ".join(IMPL_NAMES) + " (default: all but quack-autotune)")
+    p.add_argument("--passes", type=int, default=DEFAULT_PASSES, help="interleaved passes (default 3)")
+    p.add_argument("--samples", type=int, default=None,
+                   help=f"samples per pass and implementation (default {DEFAULT_SAMPLES}, {QUICK_SAMPLES} with --quick)")
+    p.add_argument("--out", default="bench-out", help="output folder for bench.md, bench.json, *.png")
+    p.add_argument("--quack-autotune", action="store_true",
+                   help="also time QuACK with its exhaustive per-shape autotune (slow: minutes per shape)")
+    p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
+    return p
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _err(msg: str) -> int:
+    print(f"trainnorm bench: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ops = _split(args.ops)
+    bad = [o for o in ops if o not in shapes.OPS]
+    if not ops or bad:
+        return _err(f"--ops must be a comma-separated subset of {','.join(shapes.OPS)}, got {args.ops!r}")
+    rows = shapes.select_rows(shapes.quick_rows() if args.quick else shapes.all_rows(), args.shapes)
+    if not rows:
+        return _err(f"no row id matches --shapes {args.shapes}; `trainnorm bench --list` prints the ids")
+    if args.impls is None:
+        names = [n for n in IMPL_NAMES if n != "quack-autotune"]
+    else:
+        names = _split(args.impls)
+        unknown = [n for n in names if n not in IMPL_NAMES]
+        if not names or unknown:
+            return _err(f"unknown implementation(s) {unknown}; choose from {', '.join(IMPL_NAMES)}")
+    if args.quack_autotune and "quack-autotune" not in names:
+        names.append("quack-autotune")
+    samples = args.samples if args.samples is not None else (QUICK_SAMPLES if args.quick else DEFAULT_SAMPLES)
+    if args.passes < 1 or samples < 1:
+        return _err("--passes and --samples must be at least 1")
+    if args.list:
+        print(f"{len(rows)} rows x {len(ops)} ops ({', '.join(ops)}); implementations: {', '.join(names)}")
+        for r in rows:
+            print(f"  {r.id}{'  (small T)' if r.small_t else ''}")
+        return 0
+    if not torch.cuda.is_available():
+        return _err("no CUDA GPU is visible (torch.cuda.is_available() is False). The benchmark times "
+                    "CUDA-graph replays on a GPU; nothing was run.")
+    return _run(args, rows, ops, names, samples)
+
+
+# --- environment header ---------------------------------------------------------------------
+
+def _smi_id(index: int) -> str:
+    """nvidia-smi's id of torch's device `index` (CUDA_VISIBLE_DEVICES renumbers devices)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
+def nvidia_smi(index: int) -> dict:
+    """Driver and clocks from nvidia-smi, best effort."""
+    keys = ("driver", "clock_sm", "clock_mem", "clock_max_sm")
+    query = "driver_version,clocks.sm,clocks.mem,clocks.max.sm"
+    try:
+        res = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", _smi_id(index)],
+                             capture_output=True, text=True, timeout=20)
+        if res.returncode != 0:
+            return {"nvidia-smi": f"failed ({res.stderr.strip()[:120] or res.returncode})"}
+        vals = [v.strip() for v in res.stdout.strip().splitlines()[0].split(",")]
+        return dict(zip(keys, vals))
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        return {"nvidia-smi": f"unavailable ({type(exc).__name__})"}
+
+
+def environment(device: torch.device, impls: list[Impl], unavailable: dict[str, str]) -> dict:
+    import triton
+
+    import trainnorm
+    props = torch.cuda.get_device_properties(device)
+    env = {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "gpu_memory": f"{props.total_memory / 2**30:.0f} GiB",
+    }
+    env.update(nvidia_smi(device.index or 0))
+    env.update({
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "trainnorm": trainnorm.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    })
+    peers = {}
+    for impl in impls:
+        if impl.name in TRAINNORM_NAMES:
+            continue
+        peers[impl.name] = "not available" if impl.name in unavailable else (impl.version() or "version unknown")
+    env["peers"] = peers
+    return env
+
+
+# --- progress -------------------------------------------------------------------------------
+
+class Progress:
+    """tqdm when it is installed, else one status line on stderr."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0, self.text = total, 0, time.time(), ""
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="op", file=sys.stderr, dynamic_ncols=True)
+        except ImportError:
+            self.bar = None
+        self.tty = sys.stderr.isatty()
+
+    def status(self, text: str) -> None:
+        self.text = text
+        if self.bar is not None:
+            self.bar.set_description_str(text[:48])
+        elif self.tty:
+            self._line()
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            self._line(end="" if self.tty else "\n")
+
+    def _line(self, end: str = "") -> None:
+        el = int(time.time() - self.t0)
+        line = f"[{self.done:>4}/{self.total}] {el // 60:>3}m{el % 60:02d}s  {self.text}"
+        sys.stderr.write(("\r" + line.ljust(78)) if self.tty else line)
+        sys.stderr.write(end)
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.tty:
+            sys.stderr.write("\n")
+
+
+# --- one row --------------------------------------------------------------------------------
+
+def _recover() -> None:
+    """After an implementation failed: finish what is queued and give its memory back."""
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.L2Flush,
+              stream: torch.cuda.Stream, passes: int, samples: int, progress: Progress) -> list[Measurement]:
+    out: list[Measurement] = []
+    device = flush.buf.device
+    progress.status(f"{row.id} inputs")
+    d: RowData = make_row_data(row, device, SEED)
+
+    ready: list[Impl] = []
+    for impl in impls:
+        why = impl.skip_reason(row)
+        if why:
+            out += [Measurement(row.id, op, impl.name, mode="skipped", note=f"skipped: {why}") for op in ops]
+            continue
+        try:
+            impl.begin_row(d)
+            ready.append(impl)
+        except Exception as exc:  # noqa: BLE001
+            _recover()
+            out += [Measurement(row.id, op, impl.name, mode="failed", note=f"failed: {first_line(exc)}")
+                    for op in ops]
+
+    dw: dict[str, tuple[float | None, str | None]] = {}
+    dw_note: dict[str, str] = {}
+    if any(op != "fwd" for op in ops):
+        for impl in ready:
+            progress.status(f"{row.id} dw {impl.name}")
+            try:
+                dw[impl.name] = dw_check(impl, d)
+            except Exception as exc:  # noqa: BLE001
+                _recover()
+                dw_note[impl.name] = f"dw check failed ({first_line(exc)})"
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    for op in ops:
+        progress.status(f"{row.id} {op}")
+        timers: list[timing.Timer] = []
+        for impl in ready:
+            try:
+                timers.append(timing.make_timer(impl.name, impl.prepare(d, op), stream))
+            except Exception as exc:  # noqa: BLE001
+                _recover()
+                out.append(Measurement(row.id, op, impl.name, mode="failed", note=f"{op} failed: {first_line(exc)}"))
+        try:
+            got = timing.sample_interleaved(timers, flush, passes, samples)
+        except Exception as exc:  # noqa: BLE001
+            _recover()
+            got = None
+            out += [Measurement(row.id, op, t.name, mode="failed", note=f"{op} sampling failed: {first_line(exc)}")
+                    for t in timers]
+        by_name = {i.name: i for i in ready}
+        for t in timers:
+            if got is not None:
+                impl = by_name[t.name]
+                flat = [s for p in got[t.name] for s in p]
+                st = timing.Stats.of(flat)
+                err, dtype = dw.get(t.name, (None, None)) if op != "fwd" else (None, None)
+                note = "; ".join(n for n in (t.note, impl.row_note(row),
+                                             dw_note.get(t.name, "") if op != "fwd" else "") if n)
+                out.append(Measurement(
+                    row.id, op, t.name, st.median, st.p20, st.p80,
+                    [round(timing.percentile(p, 50), 3) for p in got[t.name]],
+                    [round(s, 3) for s in flat], t.mode, note, err, dtype))
+            t.release()
+        del timers, got
+        gc.collect()
+        torch.cuda.empty_cache()
+        progress.advance()
+
+    for impl in ready:
+        impl.end_row()
+    del d
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.compiler.reset()
+    return out
+
+
+# --- the run --------------------------------------------------------------------------------
+
+def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples: int) -> int:
+    device = torch.device("cuda", torch.cuda.current_device())
+    wanted = [i for i in make_impls(quack_autotune="quack-autotune" in names) if i.name in names]
+    unavailable: dict[str, str] = {}
+    active: list[Impl] = []
+    for impl in wanted:
+        if impl.available():
+            active.append(impl)
+        else:
+            unavailable[impl.name] = impl.reason
+            print(f"trainnorm bench: skipping {impl.name}: {impl.reason}", file=sys.stderr)
+    if not active:
+        return _err("none of the selected implementations is available")
+
+    stream = torch.cuda.Stream(device)
+    interrupted = False
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        env = environment(device, wanted, unavailable)
+        config = {
+            "rows": f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T)",
+            "ops": ",".join(ops),
+            "passes x samples": f"{args.passes} x {samples} per implementation",
+            "inputs": f"bfloat16 activations, weight bfloat16 (float32 on w32 rows), eps {EPS:g}",
+            "L2 flush": f"{timing.FLUSH_BYTES >> 20} MB written before every sample",
+            "dw budget": f"err/tol <= {DW_BUDGET:g} and float32 dw for a matched bwd/step peer",
+            "torch.compile": "dynamic=False, fullgraph=True, emulate_precision_casts=True",
+        }
+        print(f"trainnorm bench: {env['gpu']} ({env['sm_count']} SMs); measuring copy bandwidth", file=sys.stderr)
+        bw = timing.copy_bandwidth(device)
+        flush = timing.L2Flush(device)
+        result = BenchResult(env, config, rows, ops, [i.name for i in active], bw, [], unavailable)
+        progress = Progress(len(rows) * len(ops))
+        try:
+            for row in rows:
+                result.measurements += bench_row(row, active, ops, flush, stream, args.passes, samples, progress)
+                report.write_outputs(result, args.out, plots=False)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            progress.close()
+        after = nvidia_smi(device.index or 0)
+        env["clocks_after_run"] = ", ".join(f"{k} {v}" for k, v in after.items() if k != "driver")
+    paths, note = report.write_outputs(result, args.out)
+    summary = report.summarize(report.compare(result))
+    print("\n".join(report.summary_table(summary)))
+    if note:
+        print(f"trainnorm bench: {note}", file=sys.stderr)
+    print("trainnorm bench: wrote " + ", ".join(paths))
+    if interrupted:
+        print("trainnorm bench: interrupted; the files hold the rows measured so far", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The benchmark's rows: which shapes are timed, their ids, and the bytes each op must move.
+
+The 78 shapes ("seed" rows, the list SPEC section 6 names):
+- H 512, 1536, 2048, 4096, 5120, 6144 at the seven token counts SEED_T,
+  BF16 activations and BF16 weight (42 rows);
+- FP32 weight on H 5120 and 6144 (14 rows);
+- a residual on H 6144, with BF16 and with FP32 weight (14 rows);
+- per-head H 256: the strided query view ``[T, 24, 256]`` (strides
+  (12288, 512, 1): every other 256-slice of a 12288-wide projection) and the
+  contiguous key ``[T, 4, 256]``, at four token counts (8 rows).
+Small-T rows (20): T 1, 4, 16, 64 of H 2048, 4096, 5120, 6144 and residual H 6144,
+where launch latency and the dw reduction's fixed cost dominate.
+
+Ops: ``fwd``; ``bwd``; ``step`` = fwd + fwd + bwd in one graph (activation
+checkpointing recomputes the forward before the backward).
+
+The floor of a row is the bytes the op must move divided by the measured
+device-to-device copy bandwidth: no implementation can be faster than that
+without skipping a read or a write.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+OPS = ("fwd", "bwd", "step")
+
+SEED_T = (256, 1024, 4096, 14928, 16384, 32768, 65536)
+SMALL_T = (1, 4, 16, 64)
+PER_HEAD_T = (1024, 4096, 16384, 65536)
+SEED_H = (512, 1536, 2048, 4096, 5120, 6144)
+W32_H = (5120, 6144)
+SMALL_T_H = (2048, 4096, 5120, 6144)
+
+HEAD_DIM = 256
+STRIDED_HEADS = 24     # [T, 24, 256] read out of a [T, 12288] projection
+STRIDED_ROW = 12288
+CONTIGUOUS_HEADS = 4   # [T, 4, 256] contiguous
+
+ACT_BYTES = 2          # BF16 activations: x, r, y, h, dy, dh, dx
+RSTD_BYTES = 4
+DW_BYTES = 4
+
+# A representative subset for --quick: every family kind, small and large T.
+QUICK_IDS = (
+    "H512 T16384",
+    "H2048 T1024",
+    "H4096 T4096",
+    "H4096 T65536",
+    "H6144 T16",
+    "H6144 T14928",
+    "H5120 T4096 w32",
+    "H6144 T16384 res",
+    "[T,24,256] T16384",
+    "[T,4,256] T4096",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmarked shape.
+
+    ``hidden`` is the normalized width H (256 for the per-head rows), ``tokens``
+    is T, ``heads`` the number of per-head rows per token (1 for plain rows).
+    """
+
+    hidden: int
+    tokens: int
+    heads: int = 1
+    strided: bool = False   # the [T, 24, 256] view of a wider projection
+    residual: bool = False
+    w32: bool = False       # FP32 weight (BF16 otherwise)
+    small_t: bool = False   # one of the 20 small-T rows, not one of the 78
+
+    @property
+    def per_head(self) -> bool:
+        return self.heads > 1
+
+    @property
+    def family(self) -> str:
+        if self.per_head:
+            return f"[T,{self.heads},{self.hidden}]"
+        name = f"H{self.hidden}"
+        if self.residual:
+            name += " res"
+        if self.w32:
+            name += " w32"
+        return name
+
+    @property
+    def id(self) -> str:
+        """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024'."""
+        if self.per_head:
+            return f"{self.family} T{self.tokens}"
+        parts = [f"H{self.hidden}", f"T{self.tokens}"]
+        if self.residual:
+            parts.append("res")
+        if self.w32:
+            parts.append("w32")
+        return " ".join(parts)
+
+    @property
+    def rows(self) -> int:
+        """Number of normalized rows (T for plain rows, T * heads per head)."""
+        return self.tokens * self.heads
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.per_head:
+            return (self.tokens, self.heads, self.hidden)
+        return (self.tokens, self.hidden)
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 if self.w32 else 2
+
+    @property
+    def seed(self) -> bool:
+        return not self.small_t
+
+
+def _family_rows(hidden: int, tokens, **kw) -> list[Row]:
+    return [Row(hidden, t, **kw) for t in tokens]
+
+
+def seed_rows() -> list[Row]:
+    """The 78 shapes, family by family, T ascending."""
+    rows: list[Row] = []
+    for h in SEED_H:
+        rows += _family_rows(h, SEED_T)
+    for h in W32_H:
+        rows += _family_rows(h, SEED_T, w32=True)
+    rows += _family_rows(6144, SEED_T, residual=True)
+    rows += _family_rows(6144, SEED_T, residual=True, w32=True)
+    rows += _family_rows(HEAD_DIM, PER_HEAD_T, heads=STRIDED_HEADS, strided=True)
+    rows += _family_rows(HEAD_DIM, PER_HEAD_T, heads=CONTIGUOUS_HEADS)
+    return rows
+
+
+def small_t_rows() -> list[Row]:
+    """T 1, 4, 16, 64 of H 2048, 4096, 5120, 6144 and residual H 6144 (20 rows)."""
+    rows: list[Row] = []
+    for h in SMALL_T_H:
+        rows += _family_rows(h, SMALL_T, small_t=True)
+    rows += _family_rows(6144, SMALL_T, residual=True, small_t=True)
+    return rows
+
+
+def family_order() -> list[str]:
+    """Families in the order of the report and the plots."""
+    out: list[str] = []
+    for r in seed_rows() + small_t_rows():
+        if r.family not in out:
+            out.append(r.family)
+    return out
+
+
+def all_rows() -> list[Row]:
+    """The 78 shapes and the small-T rows together, grouped by family, T ascending."""
+    order = {f: i for i, f in enumerate(family_order())}
+    return sorted(seed_rows() + small_t_rows(), key=lambda r: (order[r.family], r.tokens))
+
+
+def quick_rows() -> list[Row]:
+    by_id = {r.id: r for r in all_rows()}
+    return [by_id[i] for i in QUICK_IDS]
+
+
+def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
+    """Rows selected by any of the patterns, in their original order.
+
+    A pattern that is a substring of some row id selects the rows containing
+    it (so '[T,24,256]' or 'res w32' can be given literally); any other
+    pattern is a regular expression searched in the ids ('^H4096 T(1|4)$')."""
+    if not patterns:
+        return list(rows)
+    keep: set[str] = set()
+    for p in patterns:
+        hits = [r.id for r in rows if p in r.id]
+        if not hits:
+            try:
+                rx = re.compile(p)
+            except re.error:
+                continue
+            hits = [r.id for r in rows if rx.search(r.id)]
+        keep.update(hits)
+    return [r for r in rows if r.id in keep]
+
+
+def op_bytes(row: Row, op: str) -> int:
+    """Bytes an op must move between DRAM and the SMs, at least.
+
+    fwd:  x read, y written (+ residual read, h written), weight read, rstd written.
+    bwd:  h read, dy read, dx written (+ dh read), weight read, rstd read, dw written.
+    step: 2 x fwd + bwd.
+    """
+    n = row.rows * row.hidden
+    weight = row.hidden * row.weight_bytes
+    rstd = row.rows * RSTD_BYTES
+    if op == "fwd":
+        streams = 4 if row.residual else 2
+        return n * streams * ACT_BYTES + weight + rstd
+    if op == "bwd":
+        streams = 4 if row.residual else 3
+        return n * streams * ACT_BYTES + weight + rstd + row.hidden * DW_BYTES
+    if op == "step":
+        return 2 * op_bytes(row, "fwd") + op_bytes(row, "bwd")
+    raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+
+
+def floor_us(row: Row, op: str, copy_bytes_per_s: float) -> float:
+    """The copy-bandwidth floor of an op, in microseconds."""
+    return op_bytes(row, op) / copy_bytes_per_s * 1e6

@@ -1,0 +1,331 @@
+"""The benchmark harness's pure-Python parts: rows, bytes, matching, summary, rendering, CLI.
+
+Timing itself needs a GPU; here the results are built by hand, so every
+expected number below is worked out from the definitions.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from trainnorm import reference
+from trainnorm.bench import impls, report, run, shapes, timing
+from trainnorm.bench.report import BenchResult, Measurement
+from trainnorm.bench.shapes import Row
+
+
+def by_id():
+    return {r.id: r for r in shapes.all_rows()}
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+def test_row_counts_and_unique_ids():
+    seed, small = shapes.seed_rows(), shapes.small_t_rows()
+    assert len(seed) == 78 and len(small) == 20
+    ids = [r.id for r in seed + small]
+    assert len(set(ids)) == 98
+    assert all(not r.small_t for r in seed) and all(r.small_t for r in small)
+    assert sorted(r.id for r in shapes.all_rows()) == sorted(ids)
+
+
+def test_families():
+    seed = shapes.seed_rows()
+    count = {}
+    for r in seed:
+        count[r.family] = count.get(r.family, 0) + 1
+    assert count == {
+        "H512": 7, "H1536": 7, "H2048": 7, "H4096": 7, "H5120": 7, "H6144": 7,
+        "H5120 w32": 7, "H6144 w32": 7, "H6144 res": 7, "H6144 res w32": 7,
+        "[T,24,256]": 4, "[T,4,256]": 4,
+    }
+    assert {r.tokens for r in seed if r.family == "H512"} == {256, 1024, 4096, 14928, 16384, 32768, 65536}
+    assert {r.tokens for r in seed if r.per_head} == {1024, 4096, 16384, 65536}
+    small = {(r.family, r.tokens) for r in shapes.small_t_rows()}
+    assert small == {(f, t) for f in ("H2048", "H4096", "H5120", "H6144", "H6144 res") for t in (1, 4, 16, 64)}
+
+
+def test_row_ids_and_layouts():
+    rows = by_id()
+    for i in ("H4096 T1024", "H6144 T1024 w32", "H6144 T1024 res", "H6144 T1024 res w32",
+              "[T,24,256] T1024", "[T,4,256] T1024", "H6144 T1 res", "H2048 T64"):
+        assert i in rows, i
+    q = rows["[T,24,256] T1024"]
+    assert q.strided and q.shape == (1024, 24, 256) and q.rows == 1024 * 24 and q.hidden == 256
+    k = rows["[T,4,256] T1024"]
+    assert not k.strided and k.shape == (1024, 4, 256) and k.rows == 4096
+    r = rows["H6144 T1024 res w32"]
+    assert r.residual and r.w32 and r.weight_bytes == 4 and r.shape == (1024, 6144)
+
+
+def test_quick_rows_are_a_representative_subset():
+    q = shapes.quick_rows()
+    assert 8 <= len(q) <= 12
+    assert {r.id for r in q} <= set(by_id())
+    assert any(r.residual for r in q) and any(r.w32 for r in q) and any(r.small_t for r in q)
+    assert any(r.strided for r in q) and any(r.per_head and not r.strided for r in q)
+
+
+def test_select_rows_substring_and_regex():
+    rows = shapes.all_rows()
+    assert [r.id for r in shapes.select_rows(rows, ["[T,24,256]"])] == [
+        "[T,24,256] T1024", "[T,24,256] T4096", "[T,24,256] T16384", "[T,24,256] T65536"]
+    assert [r.id for r in shapes.select_rows(rows, [r"^H4096 T(1|4)$"])] == ["H4096 T1", "H4096 T4"]
+    assert len(shapes.select_rows(rows, ["res w32"])) == 7
+    assert len(shapes.select_rows(rows, ["res w32", "res w32"])) == 7
+    assert shapes.select_rows(rows, ["H9999"]) == []
+    assert len(shapes.select_rows(rows, None)) == 98
+
+
+# --- bytes and floor ------------------------------------------------------------------------
+
+def test_op_bytes_by_hand():
+    rows = by_id()
+    # x read + y written (2 B each), weight 4096 x 2 B, rstd 1024 x 4 B
+    assert shapes.op_bytes(rows["H4096 T1024"], "fwd") == 1024 * 4096 * 2 * 2 + 4096 * 2 + 1024 * 4 == 16789504
+    # h, dy, dh read and dx written, FP32 weight and dw, rstd
+    assert shapes.op_bytes(rows["H6144 T1024 res w32"], "bwd") == 1024 * 6144 * 4 * 2 + 6144 * 4 + 1024 * 4 + 6144 * 4
+    assert shapes.op_bytes(rows["H6144 T1024 res w32"], "bwd") == 50384896
+    # residual forward: x, r read, y, h written
+    assert shapes.op_bytes(rows["H6144 T1024 res"], "fwd") == 1024 * 6144 * 4 * 2 + 6144 * 2 + 1024 * 4
+    # per head: 24576 rows of 256, shared w[256]
+    fwd = 24576 * 256 * 2 * 2 + 256 * 2 + 24576 * 4
+    bwd = 24576 * 256 * 3 * 2 + 256 * 2 + 24576 * 4 + 256 * 4
+    assert (fwd, bwd) == (25264640, 37848576)
+    assert shapes.op_bytes(rows["[T,24,256] T1024"], "step") == 2 * fwd + bwd == 88377856
+    with pytest.raises(ValueError):
+        shapes.op_bytes(rows["H4096 T1024"], "both")
+
+
+def test_floor_us():
+    row = by_id()["H4096 T1024"]
+    assert shapes.floor_us(row, "fwd", 4e12) == pytest.approx(16789504 / 4e12 * 1e6)
+    assert shapes.floor_us(row, "fwd", 4e12) == pytest.approx(4.197376)
+
+
+# --- statistics and pass order --------------------------------------------------------------
+
+def test_percentile_and_stats():
+    assert timing.percentile([5, 1, 3, 2, 4], 50) == 3
+    assert timing.percentile([1, 2, 3, 4, 5], 20) == pytest.approx(1.8)
+    assert timing.percentile([1, 2], 50) == pytest.approx(1.5)
+    assert math.isnan(timing.percentile([], 50))
+    s = timing.Stats.of([10.0, 12.0, 11.0, 30.0, 9.0])
+    assert (s.median, s.n) == (11.0, 5) and s.p20 < s.median < s.p80
+
+
+def test_passes_alternate_order():
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def sample(self, flush, n):
+            calls.append(self.name)
+            return [float(len(calls))] * n
+
+    got = timing.sample_interleaved([Fake("a"), Fake("b"), Fake("c")], None, passes=3, samples=2)
+    assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert got["a"] == [[1.0, 1.0], [6.0, 6.0], [7.0, 7.0]]
+
+
+# --- matching -------------------------------------------------------------------------------
+
+def M(impl, us, err=None, dtype=None, op="bwd", row="H4096 T1024", mode="graph", note=""):
+    return Measurement(row, op, impl, us, us * 0.98, us * 1.03, [us], [us], mode, note, err, dtype)
+
+
+def test_best_peer_bwd_needs_fp32_dw_within_budget():
+    cells = {m.impl: m for m in [
+        M("trainnorm", 10.0, 0.1, "float32"),
+        M("trainnorm-fast", 4.0, 0.2, "float32"),           # never a peer
+        M("liger", 5.0, 30.0, "bfloat16"),                  # fastest, BF16 dw
+        M("quack", 6.0, 0.3, "bfloat16"),                   # in budget but BF16 dw
+        M("torch-compile", 8.0, 1.5, "float32"),            # FP32 but outside the budget
+        M("torch-compile-maxat", 9.0, 1.0, "float32"),      # err/tol = B exactly: matched
+        M("eager", 20.0, 0.01, "float32"),
+        Measurement("H4096 T1024", "bwd", "transformer-engine", mode="skipped", note="skipped"),
+    ]}
+    best, outside = report.best_peer(cells, "bwd")
+    assert best.impl == "torch-compile-maxat"
+    assert [m.impl for m in outside] == ["liger", "quack", "torch-compile"]
+    # a tighter budget moves the match to the slower, more accurate peer
+    best, outside = report.best_peer(cells, "bwd", budget=0.5)
+    assert best.impl == "eager" and [m.impl for m in outside][-1] == "torch-compile-maxat"
+
+
+def test_best_peer_fwd_is_fastest_and_none_when_nothing_matches():
+    cells = {m.impl: m for m in [M("trainnorm", 3.0, op="fwd"), M("liger", 3.3, op="fwd"),
+                                 M("quack", 3.1, op="fwd"), M("eager", 9.0, op="fwd")]}
+    best, outside = report.best_peer(cells, "fwd")
+    assert best.impl == "quack" and outside == []
+    cells = {m.impl: m for m in [M("trainnorm", 10.0, 0.1, "float32"), M("liger", 5.0, 30.0, "bfloat16")]}
+    best, outside = report.best_peer(cells, "bwd")
+    assert best is None and [m.impl for m in outside] == ["liger"]
+
+
+# --- comparisons and summary ----------------------------------------------------------------
+
+def fake_result(ratios):
+    """Rows with det 10 us, fast 8 us, liger at 7 us with a BF16 dw, and a matched
+    peer at ratio * 10 us (None: no matched peer on bwd and step)."""
+    rows = by_id()
+    ms = []
+    for rid, op, ratio in ratios:
+        ms.append(M("trainnorm", 10.0, 0.25, "float32", op=op, row=rid))
+        ms.append(M("trainnorm-fast", 8.0, 0.4, "float32", op=op, row=rid))
+        ms.append(M("liger", 7.0, 40.0, "bfloat16", op=op, row=rid))   # fast, but BF16 dw
+        if ratio is not None:
+            ms.append(M("torch-compile", 10.0 * ratio, 0.5, "float32", op=op, row=rid))
+    ms.append(M("eager", 50.0, 0.1, "float32", op="bwd", row="H4096 T1024", mode="eager",
+                note="eager timing, graph capture failed (RuntimeError: x)"))
+    used = [rows[i] for i in dict.fromkeys(r for r, _, _ in ratios)]
+    env = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "peers": {"liger": "0.8.5", "quack": "not available"}}
+    return BenchResult(env, {"passes x samples": "3 x 25"}, used, ["fwd", "bwd", "step"],
+                       ["trainnorm", "trainnorm-fast", "torch-compile", "liger", "eager"], 4.0e12, ms,
+                       {"quack": "not importable (ModuleNotFoundError: No module named 'quack')"})
+
+
+def test_compare_ratios():
+    res = fake_result([("H4096 T1024", "bwd", 1.2), ("H4096 T1024", "fwd", None)])
+    cs = {(c.row.id, c.op): c for c in report.compare(res)}
+    bwd = cs[("H4096 T1024", "bwd")]
+    assert bwd.peer.impl == "torch-compile"
+    assert bwd.ratio_det == pytest.approx(1.2) and bwd.ratio_fast == pytest.approx(12.0 / 8.0)
+    assert bwd.floor_us == pytest.approx(shapes.op_bytes(by_id()["H4096 T1024"], "bwd") / 4e12 * 1e6)
+    fwd = cs[("H4096 T1024", "fwd")]
+    # on fwd rows the dw does not matter: liger is the peer
+    assert fwd.peer.impl == "liger" and fwd.ratio_det == pytest.approx(0.7)
+
+
+def test_summary_geomean_and_minimum_per_group():
+    res = fake_result([
+        ("H4096 T1024", "bwd", 2.0), ("H6144 T65536", "bwd", 0.5), ("H512 T256", "bwd", 1.0),
+        ("H2048 T16", "bwd", 1.5), ("H6144 T1 res", "bwd", None),
+    ])
+    summ = {(s["group"], s["op"]): s for s in report.summarize(report.compare(res))}
+    seed = summ[("seed", "bwd")]
+    assert seed["rows"] == 3 and seed["unmatched"] == 0
+    assert seed["det_geomean"] == pytest.approx(1.0) and seed["det_min"] == pytest.approx(0.5)
+    assert seed["det_below_1"] == 1
+    assert seed["fast_geomean"] == pytest.approx(1.25) and seed["fast_min"] == pytest.approx(0.625)
+    assert seed["fast_vs_det_geomean"] == pytest.approx(1.25)
+    small = summ[("small_t", "bwd")]
+    assert small["rows"] == 2 and small["unmatched"] == 1
+    assert small["det_geomean"] == pytest.approx(1.5) and small["det_min"] == pytest.approx(1.5)
+    assert ("seed", "fwd") not in summ
+    assert report.geomean([]) is None and report.geomean([4.0, 1.0]) == pytest.approx(2.0)
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+def test_markdown():
+    res = fake_result([("H4096 T1024", "bwd", 1.2), ("H4096 T1024", "fwd", None), ("H6144 T4 res", "step", 0.8)])
+    md = report.render_markdown(res)
+    assert ("| row | op | floor us | trainnorm det us (% floor) | trainnorm fast us (% floor) | best peer "
+            "| peer us (% floor) | det vs peer | fast vs peer | det dw err/tol |") in md
+    floor = shapes.op_bytes(by_id()["H4096 T1024"], "bwd") / 4e12 * 1e6
+    pct = round(100 * floor / 10.0)
+    assert (f"| H4096 T1024 | bwd | {floor:.2f} | 10.00 ({pct}%) | 8.00 ({round(100 * floor / 8.0)}%) "
+            f"| torch-compile * | 12.00 ({round(100 * floor / 12.0)}%) | 1.20x | 1.50x | 0.250 |") in md
+    assert "| H6144 T4 res | step |" in md and "| 0.80x |" in md
+    assert "NVIDIA H200" in md and "sm_count: 132" in md and "4000.0 GB/s" in md
+    assert "quack: not run, not importable" in md
+    assert "eager timing, graph capture failed" in md and "50.00 (49.00–51.50) †" in md
+    assert "- H4096 T1024 bwd: liger 7.00 (40.000, bfloat16)" in md   # the faster unmatched peer
+    assert "## Summary" in md and "| 78-shape list | bwd | 1 | 0 | 1.20x |" in md
+
+
+def test_json_is_strict_and_complete():
+    res = fake_result([("H4096 T1024", "bwd", 1.2)])
+    res.measurements.append(Measurement("H4096 T1024", "bwd", "quack", float("nan")))
+    data = json.loads(json.dumps(report.to_json(res), allow_nan=False))
+    assert data["env"]["gpu"] == "NVIDIA H200"
+    assert data["rows"][0]["id"] == "H4096 T1024" and data["rows"][0]["bytes"]["fwd"] == 16789504
+    ms = {(m["impl"], m["op"]): m for m in data["measurements"]}
+    assert ms[("trainnorm", "bwd")]["median_us"] == 10.0 and ms[("trainnorm", "bwd")]["p20_us"] == 9.8
+    assert ms[("quack", "bwd")]["median_us"] is None
+    assert data["comparisons"][0]["peer"] == "torch-compile"
+    assert data["comparisons"][0]["det_vs_peer"] == pytest.approx(1.2)
+
+
+def test_write_outputs(tmp_path):
+    res = fake_result([("H4096 T1024", "bwd", 1.2), ("H4096 T4096", "bwd", 1.1)])
+    paths, note = report.write_outputs(res, str(tmp_path))
+    assert (tmp_path / "bench.md").read_text().startswith("# trainnorm bench")
+    assert json.loads((tmp_path / "bench.json").read_text())["impls"][0] == "trainnorm"
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    if note:
+        assert "matplotlib" in note and pngs == []
+    else:
+        assert pngs == ["latency_bwd.png", "latency_fwd.png", "latency_step.png", "ratio_vs_peer.png"]
+
+
+# --- inputs and the reference the peers are held to (CPU, small) ---------------------------
+
+def test_strided_per_head_input_layout():
+    d = impls.make_row_data(Row(256, 3, heads=24, strided=True), "cpu")
+    assert d.x.shape == (3, 24, 256) and d.x.stride() == (12288, 512, 1)
+    assert d.dy.is_contiguous() and d.r is None and d.w.dtype == torch.bfloat16
+    assert d.flat(d.x).shape == (72, 256)
+    d2 = impls.make_row_data(Row(64, 5, residual=True, w32=True), "cpu")
+    assert d2.w.dtype == torch.float32 and d2.r.shape == d2.dh.shape == (5, 64)
+    assert torch.equal(impls.make_row_data(Row(64, 5), "cpu").x, impls.make_row_data(Row(64, 5), "cpu").x)
+
+
+def test_reference_dw_chunked_equals_whole():
+    d = impls.make_row_data(Row(64, 37, residual=True), "cpu")
+    y, rstd, h = impls.ref_forward_residual(d.x, d.w, d.r)
+    whole = reference.backward_fp64(d.dy, h, d.w, rstd, d.dh)[1]
+    chunked = impls.reference_dw(d.dy, h, d.w, rstd, d.dh, chunk_elems=64 * 5)
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_eager_adapter_dw_check_and_ops():
+    eager = impls.Eager()
+    d = impls.make_row_data(Row(128, 16, residual=True), "cpu")
+    err, dtype = impls.dw_check(eager, d)
+    assert dtype == "float32" and 0 <= err < 0.5
+    for op in shapes.OPS:
+        assert impls.Eager().prepare(d, op)() is not None
+    dx, dw = eager.prepare(d, "bwd")()
+    assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32 and dw.shape == (128,)
+
+
+def test_adapters_have_the_documented_names():
+    names = [i.name for i in impls.make_impls(quack_autotune=True)]
+    assert names == list(impls.IMPL_NAMES[:5]) + ["quack-autotune", "liger", "transformer-engine", "eager"]
+    assert sorted(names) == sorted(impls.IMPL_NAMES)
+    assert "quack-autotune" not in [i.name for i in impls.make_impls()]
+    liger = impls.Liger()
+    assert liger.skip_reason(by_id()["H6144 T1024 res"]) and liger.skip_reason(by_id()["H6144 T1024"]) is None
+
+
+# --- command line ---------------------------------------------------------------------------
+
+def test_main_without_cuda_returns_2(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run.main(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err and "nothing was run" in err
+
+
+def test_main_rejects_bad_arguments(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run.main(["--ops", "fwd,sideways"]) == 2
+    assert "--ops" in capsys.readouterr().err
+    assert run.main(["--impls", "trainnorm,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert run.main(["--shapes", "H9999"]) == 2
+    assert run.main(["--passes", "0"]) == 2
+
+
+def test_main_list(capsys):
+    assert run.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("98 rows x 3 ops") and "[T,24,256] T65536" in out and "quack-autotune" not in out
+    assert run.main(["--list", "--quick", "--ops", "bwd", "--quack-autotune"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{len(shapes.QUICK_IDS)} rows x 1 ops") and "quack-autotune" in out
