@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the H200 machine from the repository root (device tool). Phases:
+#   test [args]    GPU test suite
+#   verify [args]  trainnorm verify
+#   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
+#   tune [args]    tools/tune.py
+# Each phase logs and writes under $OUT/<phase>/ and packs that into $OUT/<phase>.tgz
+# (the device returns at most 8 files).
+set -uo pipefail
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+phase="$1"; shift
+d="$OUT/$phase"; mkdir -p "$d"
+case "$phase" in
+  test)   python3 -m pytest -q -x tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  verify) python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
+  bench)  python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  tune)   python3 tools/tune.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+esac
+rc=${PIPESTATUS[0]}
+tar czf "$OUT/$phase.tgz" -C "$OUT" "$phase" && rm -rf "$d"
+exit $rc
