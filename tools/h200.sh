@@ -12,10 +12,10 @@ OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 phase="$1"; shift
 d="$OUT/$phase"; mkdir -p "$d"
 case "$phase" in
-  test)   python3 -m pytest -q -x tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
-  verify) python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
-  bench)  python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
-  tune)   python3 tools/tune.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  test)   timeout "${LIMIT:-480}" python3 -m pytest -q -x tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
+  bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  tune)   timeout "${LIMIT:-480}" python3 tools/tune.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}
