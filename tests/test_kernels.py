@@ -203,4 +203,18 @@ def test_workspace_reuse(device):
     # a smaller problem fits in the same workspace
     small = trainnorm.rms_norm_backward(case.dy[:100], h[:100], case.weight, rstd[:100], workspace=ws)
     check_backward(case.dy[:100], h[:100], case.weight, rstd[:100], None, *small)
-    assert trainnorm.backward_workspace_bytes(rows, 2048, deterministic=False) == 0
+
+
+def test_fast_workspace_left_zeroed(device):
+    # the one-launch fast form adds into a float64 accumulator that its last
+    # program rounds into dw and zeroes again: reuse must not leak a call into the next
+    case = make_case("outlier", (300,), 2048, seed=15, device=device)
+    ws = trainnorm.backward_workspace(300, 2048, deterministic=False, device=device)
+    assert ws.numel() == 2048 * 8 + 8 and not ws.any()
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
+    det = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd)
+    for _ in range(3):
+        dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=False, workspace=ws)
+        assert not ws.any(), "the fast form must leave its workspace zeroed"
+        assert_bits_equal(det[0], dx, "dx")
+        check_backward(case.dy, h, case.weight, rstd, None, dx, dw)

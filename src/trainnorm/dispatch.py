@@ -144,7 +144,7 @@ def forward(x, weight, residual, eps):
             rows, hidden, nh, sxt, sxh, srt, srh, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=cfg.col_tiles(hidden),
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
-            SOFT_BF16=not x.is_cuda, num_warps=cfg.num_warps,
+            INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
     return y, rstd, h
 
@@ -162,9 +162,11 @@ class BackwardPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        if self.dw_mode != DW_PARTIAL:
-            return 0
-        return self.num_chunks * self.hidden * 8   # float64 partials
+        if self.dw_mode == DW_PARTIAL:
+            return self.num_chunks * self.hidden * 8        # float64 partials
+        if self.dw_mode == DW_ATOMIC:
+            return self.hidden * 8 + 8                      # float64 accumulator + ticket counter
+        return 0
 
 
 def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: bool, need_dw: bool) -> BackwardPlan:
@@ -201,19 +203,22 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
         return dx, dw
 
     plan = backward_plan(rows, hidden, h.dtype, deterministic, need_dw)
-    if plan.dw_mode == DW_ATOMIC:
-        dw = torch.zeros(hidden, dtype=torch.float32, device=h.device)
-    else:
-        dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
-    partial = dx
-    if plan.dw_mode == DW_PARTIAL:
-        nbytes = plan.workspace_bytes
+    dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
+    partial, counter = dx, dx
+    nbytes = plan.workspace_bytes
+    if nbytes:
         if workspace is None:
-            workspace = torch.empty(nbytes, dtype=torch.uint8, device=h.device)
+            # the atomic form needs its accumulator and counter zeroed (and leaves them so)
+            alloc = torch.zeros if plan.dw_mode == DW_ATOMIC else torch.empty
+            workspace = alloc(nbytes, dtype=torch.uint8, device=h.device)
         elif workspace.numel() < nbytes:
             raise ValueError(f"workspace: needs {nbytes} bytes for rows={rows}, H={hidden}, "
                              f"got {workspace.numel()} (size it with backward_workspace_bytes)")
-        partial = workspace[:nbytes].view(torch.float64).view(plan.num_chunks, hidden)
+        if plan.dw_mode == DW_PARTIAL:
+            partial = workspace[:nbytes].view(torch.float64).view(plan.num_chunks, hidden)
+        else:
+            partial = workspace[:hidden * 8].view(torch.float64)
+            counter = workspace[hidden * 8:hidden * 8 + 4].view(torch.int32)
 
     tensors = [dy, h] + ([dh] if dh is not None else [])
     nh, views = row_views(*tensors)
@@ -224,12 +229,12 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
     grid = min(plan.num_chunks, cfg.ctas_per_sm * sm_count(h.device))
     with _device_guard(h):
         rms_norm_bwd_kernel[(grid,)](
-            dyv, hv, weight if weight is not None else hv, rstd, dhv, dx, dw if need_dw else dx, partial,
+            dyv, hv, weight if weight is not None else hv, rstd, dhv, dx, dw if need_dw else dx, partial, counter,
             rows, hidden, nh, sdyt, sdyh, sht, shh, sdht, sdhh,
             plan.rows_per_chunk, plan.num_chunks,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
-            DW_MODE=plan.dw_mode, SOFT_BF16=not h.is_cuda, num_warps=cfg.num_warps,
+            DW_MODE=plan.dw_mode, INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )
         if plan.dw_mode == DW_PARTIAL:
             dw_combine_kernel[(cdiv(hidden, COMBINE_BLOCK_N),)](

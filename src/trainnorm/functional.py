@@ -159,9 +159,11 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
 
 
 def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> torch.Tensor:
-    """A uint8 scratch tensor for rms_norm_backward(..., workspace=...); reusable
-    across calls of the same or smaller (rows, hidden) on one stream."""
+    """A zeroed uint8 scratch tensor for rms_norm_backward(..., workspace=...),
+    reusable across calls of the same or smaller (rows, hidden) and the same
+    mode, one stream at a time. The deterministic=False form needs it zeroed
+    and leaves it zeroed: take it from here rather than from torch.empty."""
     nbytes = backward_workspace_bytes(rows, hidden, deterministic=deterministic, dtype=dtype)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return torch.zeros(nbytes, dtype=torch.uint8, device=device)

@@ -18,12 +18,15 @@ within and across chunks (float64 partials), so dw is the exact sum rounded
 once to float32, up to float64 rounding: far inside the budget on every input
 family and never worse than the FP32 eager reduction.
 
-DW_MODE selects what happens to a chunk's dw partial:
+DW_MODE selects what happens to the dw partials:
     0  no dw (weight absent or not requiring grad)
-    1  store it to PARTIAL[chunk, :] (float64); combine.py sums the chunks in a fixed order
-    2  atomically add it (float32) into a zeroed DW: one launch, not bitwise
-       reproducible (deterministic=False)
-    3  store it straight to DW (a single chunk: deterministic and one launch)
+    1  each chunk's partial goes to PARTIAL[chunk, :] (float64); combine.py sums
+       the chunks in a fixed order
+    2  each program sums its chunks and adds the float64 result atomically into
+       a zeroed float64 accumulator (PARTIAL[0, :]); the last program to arrive
+       rounds it into DW and re-zeroes it. One launch; the order of the float64
+       additions varies, so dw's last bits may too (deterministic=False)
+    3  a single chunk: stored straight to DW (deterministic and one launch)
 
 With COL_TILES > 1 (rows too wide for one tile) each row is walked twice
 (c, then dx) and the chunk's partial is accumulated in place in PARTIAL;
@@ -46,18 +49,33 @@ def _dw_terms(b_dy, b_h, b_rstd):
 
 
 @triton.jit
-def _store_dw(DW, PARTIAL, chunk, o_n, m_n, b_dw, n_cols, DW_MODE: tl.constexpr):
-    if DW_MODE == 1:
-        tl.store(PARTIAL + chunk * n_cols + o_n, b_dw, mask=m_n)
-    elif DW_MODE == 2:
-        tl.atomic_add(DW + o_n, b_dw.to(tl.float32), mask=m_n, sem="relaxed")
-    elif DW_MODE == 3:
-        tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
+def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw, INTERPRETED: tl.constexpr):
+    """DW_MODE 2: add this program's float64 dw into ACC; the last program to
+    arrive (an atomic ticket; nobody waits) rounds ACC into DW and leaves ACC
+    and COUNTER zeroed for the next call.
+
+    Triton's interpreter has no float64 atomics; it runs programs one after
+    another, so there plain loads and stores do the same."""
+    if INTERPRETED:
+        tl.store(ACC + o_n, tl.load(ACC + o_n, mask=m_n, other=0.0) + b_dw, mask=m_n)
+    else:
+        tl.atomic_add(ACC + o_n, b_dw, mask=m_n, sem="relaxed")
+    # every thread's adds precede the ticket: barrier, then an acq_rel ticket
+    tl.debug_barrier()
+    ticket = tl.atomic_add(COUNTER, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
+        if INTERPRETED:
+            b_tot = tl.load(ACC + o_n, mask=m_n, other=0.0)
+            tl.store(ACC + o_n, tl.zeros_like(b_dw), mask=m_n)
+        else:
+            b_tot = tl.atomic_xchg(ACC + o_n, tl.zeros_like(b_dw), mask=m_n, sem="relaxed")
+        tl.store(DW + o_n, b_tot.to(tl.float32), mask=m_n)
+        tl.atomic_xchg(COUNTER, 0, sem="relaxed")
 
 
 @triton.jit
 def rms_norm_bwd_kernel(
-    DY, HX, W, RSTD, DH, DX, DW, PARTIAL,
+    DY, HX, W, RSTD, DH, DX, DW, PARTIAL, COUNTER,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks,
@@ -68,7 +86,7 @@ def rms_norm_bwd_kernel(
     HAS_DH: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     DW_MODE: tl.constexpr,
-    SOFT_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -79,10 +97,10 @@ def rms_norm_bwd_kernel(
         m_n = o_n < n_cols
         if HAS_WEIGHT:
             b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
+        b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
         for chunk in tl.range(pid, num_chunks, grid):
             row_start = chunk * rows_per_chunk
             row_end = tl.minimum(row_start + rows_per_chunk, rows)
-            b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
             for m0 in tl.range(row_start, row_end, BLOCK_M):
                 o_m = m0 + o_mb
                 m_m = o_m < row_end
@@ -103,10 +121,16 @@ def rms_norm_bwd_kernel(
                     o_dh = row_offsets(o_m, NH, stride_dht, stride_dhh, TWO_LEVEL)[:, None] + o_n[None, :]
                     b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
                 o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_n[None, :]
-                tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, SOFT_BF16), mask=mask)
+                tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, INTERPRETED), mask=mask)
                 if DW_MODE != 0:
                     b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd), axis=0)
-            _store_dw(DW, PARTIAL, chunk, o_n, m_n, b_dw, n_cols, DW_MODE)
+            if DW_MODE == 1:
+                tl.store(PARTIAL + chunk * n_cols + o_n, b_dw, mask=m_n)
+                b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
+            elif DW_MODE == 3:
+                tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
+        if DW_MODE == 2:
+            _add_and_finish(DW, PARTIAL, COUNTER, o_n, m_n, b_dw, INTERPRETED)
     else:
         for chunk in tl.range(pid, num_chunks, grid):
             row_start = chunk * rows_per_chunk
@@ -152,7 +176,7 @@ def rms_norm_bwd_kernel(
                         o_dh = row_offsets(o_m, NH, stride_dht, stride_dhh, TWO_LEVEL)[:, None] + o_c[None, :]
                         b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
                     o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_c[None, :]
-                    tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, SOFT_BF16), mask=mask)
+                    tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, INTERPRETED), mask=mask)
                     if DW_MODE != 0:
                         b_old = tl.load(p_part + o_c, mask=m_n, other=0.0)
                         tl.store(p_part + o_c, b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd), axis=0), mask=m_n)

@@ -20,13 +20,13 @@ def row_offsets(o_m, NH, stride_t, stride_h, TWO_LEVEL: tl.constexpr):
 
 
 @triton.jit
-def round_to(b, DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
+def round_to(b, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
     """Round float32 to DTYPE, to nearest even.
 
     The GPU's conversion does this natively. Triton's interpreter truncates
-    float32 -> bfloat16, so under the interpreter (SOFT_BF16) the rounding is
-    done on the bits, and the CPU tests see the GPU's results."""
-    if SOFT_BF16 and DTYPE == tl.bfloat16:
+    float32 -> bfloat16, so there (INTERPRETED) the rounding is done on the
+    bits, and the CPU tests see the GPU's results."""
+    if INTERPRETED and DTYPE == tl.bfloat16:
         u = b.to(tl.uint32, bitcast=True)
         u = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
         return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -36,7 +36,7 @@ def round_to(b, DTYPE: tl.constexpr, SOFT_BF16: tl.constexpr):
 
 @triton.jit
 def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
-           SOFT_BF16: tl.constexpr):
+           INTERPRETED: tl.constexpr):
     """Return f32(h) for a tile: h = x, or h = round(f32(x) + f32(r)) into x's dtype.
 
     With STORE_H the rounded h is written to H_OUT (the returned residual stream).
@@ -44,7 +44,7 @@ def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE
     b_x = tl.load(X + o_x, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         b_r = tl.load(R + o_r, mask=mask, other=0.0)
-        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), X.dtype.element_ty, SOFT_BF16)
+        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), X.dtype.element_ty, INTERPRETED)
         if STORE_H:
             tl.store(H_OUT + o_out, b_x, mask=mask)
     return b_x.to(tl.float32)

@@ -28,7 +28,7 @@ def rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
-    SOFT_BF16: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -45,19 +45,19 @@ def rms_norm_fwd_kernel(
         m_n = o_n < n_cols
         mask = m_m[:, None] & m_n[None, :]
         b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
-                     mask, HAS_RESIDUAL, True, SOFT_BF16)
+                     mask, HAS_RESIDUAL, True, INTERPRETED)
         b_rstd = rstd_from_sumsq(tl.sum(b_h * b_h, axis=1), n_cols, eps)
         b_y = b_h * b_rstd[:, None]
         if HAS_WEIGHT:
             b_y = b_y * tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, SOFT_BF16), mask=mask)
+        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
     else:
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
             o_c = n0 + o_n
             mask = m_m[:, None] & (o_c < n_cols)[None, :]
             b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
-                         mask, HAS_RESIDUAL, True, SOFT_BF16)
+                         mask, HAS_RESIDUAL, True, INTERPRETED)
             b_acc += b_h * b_h
         b_rstd = rstd_from_sumsq(tl.sum(b_acc, axis=1), n_cols, eps)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
@@ -67,9 +67,9 @@ def rms_norm_fwd_kernel(
             # h is recomputed from x (+ r) rather than re-read from H_OUT: no
             # ordering between this program's own stores and loads is needed.
             b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
-                         mask, HAS_RESIDUAL, False, SOFT_BF16)
+                         mask, HAS_RESIDUAL, False, INTERPRETED)
             b_y = b_h * b_rstd[:, None]
             if HAS_WEIGHT:
                 b_y = b_y * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, SOFT_BF16), mask=mask)
+            tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
