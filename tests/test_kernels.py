@@ -43,9 +43,11 @@ def test_plain_rows(device, hidden, dtype):
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_families_both_modes(device, family, weight_dtype, deterministic):
-    # 300 rows: several dw chunks, so the partial + combine (or atomic) forms run
-    case = make_case(family, (300,), 2048, weight_dtype=weight_dtype, seed=7, device=device)
-    assert dispatch.backward_plan(300, 2048, torch.bfloat16, deterministic, True).num_chunks > 1
+    # 300 rows of H512: several dw chunks, so the partial + combine (det) or atomic (fast) form runs
+    case = make_case(family, (300,), 512, weight_dtype=weight_dtype, seed=7, device=device)
+    plan = dispatch.backward_plan(300, 512, torch.bfloat16, deterministic, True)
+    assert plan.num_chunks > 1
+    assert plan.dw_mode == (dispatch.DW_PARTIAL if deterministic else dispatch.DW_ATOMIC)
     check_case(case, deterministic)
 
 
@@ -161,6 +163,8 @@ def test_sm_count_independent(device, hidden, rows):
 
 @pytest.mark.parametrize("hidden,rows", [(512, 300), (5120, 120), (8200, 40)])
 def test_modes_equal_except_dw(device, hidden, rows):
+    # H512: the atomic form; H5120 at 120 rows: the fast mode takes the deterministic
+    # form (atomic_min_rows); H8200: the wide-row form
     case = make_case("normal", (rows,), hidden, residual=True, seed=12, device=device)
     det = run_both(case, deterministic=True)
     fast = run_both(case, deterministic=False)
@@ -208,9 +212,10 @@ def test_workspace_reuse(device):
 def test_fast_workspace_left_zeroed(device):
     # the one-launch fast form adds into a float64 accumulator that its last
     # program rounds into dw and zeroes again: reuse must not leak a call into the next
-    case = make_case("outlier", (300,), 2048, seed=15, device=device)
-    ws = trainnorm.backward_workspace(300, 2048, deterministic=False, device=device)
-    assert ws.numel() == 2048 * 8 + 8 and not ws.any()
+    case = make_case("outlier", (300,), 512, seed=15, device=device)
+    assert dispatch.backward_plan(300, 512, torch.bfloat16, False, True).dw_mode == dispatch.DW_ATOMIC
+    ws = trainnorm.backward_workspace(300, 512, deterministic=False, device=device)
+    assert ws.numel() == 512 * 8 + 8 and not ws.any()
     y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
     det = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd)
     for _ in range(3):
@@ -218,3 +223,13 @@ def test_fast_workspace_left_zeroed(device):
         assert not ws.any(), "the fast form must leave its workspace zeroed"
         assert_bits_equal(det[0], dx, "dx")
         check_backward(case.dy, h, case.weight, rstd, None, dx, dw)
+
+
+def test_fast_mode_form_windows():
+    # deterministic=False runs its atomic form only from the measured edge on (configs/tuned.py)
+    plan = lambda rows, h, det: dispatch.backward_plan(rows, h, torch.bfloat16, det, True).dw_mode
+    assert plan(4096, 4096, False) == dispatch.DW_PARTIAL
+    assert plan(65536, 4096, False) == dispatch.DW_ATOMIC
+    assert plan(65536, 4096, True) == dispatch.DW_PARTIAL
+    assert plan(1, 4096, False) == plan(1, 4096, True) == dispatch.DW_DIRECT
+    assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes

@@ -180,8 +180,8 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: boo
         mode = DW_PARTIAL    # wide rows accumulate each chunk's partial in place
     elif num_chunks == 1:
         mode = DW_DIRECT
-    elif deterministic:
-        mode = DW_PARTIAL
+    elif deterministic or rows < cfg.atomic_min_rows:
+        mode = DW_PARTIAL    # deterministic=False too, where the atomic form is not faster
     else:
         mode = DW_ATOMIC
     return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, mode)

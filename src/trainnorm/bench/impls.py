@@ -24,6 +24,8 @@ one-line reason and left out.
 """
 from __future__ import annotations
 
+import importlib
+
 import types
 import zlib
 from dataclasses import dataclass
@@ -338,7 +340,9 @@ class Quack(Impl):
 
     def available(self):
         try:
-            import quack.rmsnorm as qr
+            # import_module, not `import quack.rmsnorm as qr`: the package exports a
+            # function named rmsnorm that shadows the submodule as an attribute
+            qr = importlib.import_module("quack.rmsnorm")
         except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
             self.reason = f"not importable ({first_line(exc)})"
             return False

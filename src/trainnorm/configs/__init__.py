@@ -47,6 +47,9 @@ class BwdConfig:
     min_rows_per_chunk: int   # a dw chunk covers at least this many rows
     max_chunks: int           # and there are at most this many chunks
     ctas_per_sm: int = 2      # persistent grid: programs per SM (speed only, never numerics)
+    # deterministic=False takes the one-launch atomic form from this many rows
+    # on (where it was measured faster); below, the deterministic form
+    atomic_min_rows: int = 0
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)
@@ -80,7 +83,10 @@ def _default_bwd(hidden: int, elt: int) -> BwdConfig:
         block_n = 4096
     block_m = max(1, min(16, 2048 // block_n))
     num_warps = min(16, max(4, block_m * block_n // 256))
-    return BwdConfig(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256)
+    # unmeasured widths: the atomic form only on large problems (2**27 elements),
+    # where every measured width had it at least as fast (configs/tuned.py)
+    return BwdConfig(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256,
+                     atomic_min_rows=cdiv(1 << 27, hidden))
 
 
 @lru_cache(maxsize=None)
