@@ -329,3 +329,23 @@ def test_main_list(capsys):
     assert run.main(["--list", "--quick", "--ops", "bwd", "--quack-autotune"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(shapes.QUICK_IDS)} rows x 1 ops") and "quack-autotune" in out
+
+
+def test_merge_runs_over_different_rows(tmp_path):
+    a = fake_result([("H4096 T1024", "bwd", 1.2), ("H4096 T1024", "fwd", None)])
+    b = fake_result([("H4096 T4096", "bwd", 0.9)])
+    b.copy_bytes_per_s = 4.2e12
+    b.env = dict(b.env, date="later")
+    for name, res in (("a", a), ("b", b)):
+        report.write_outputs(res, str(tmp_path / name), plots=False)
+    back = report.from_json(json.loads((tmp_path / "a" / "bench.json").read_text()))
+    assert [r.id for r in back.rows] == ["H4096 T1024"] and len(back.measurements) == len(a.measurements)
+    assert run.main(["--merge", str(tmp_path / "b" / "bench.json"), str(tmp_path / "a" / "bench.json"),
+                     "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "bench.json").read_text())
+    assert [r["id"] for r in merged["rows"]] == ["H4096 T1024", "H4096 T4096"]   # the shape list's order
+    ratios = {(c["row"], c["op"]): c["det_vs_peer"] for c in merged["comparisons"]}
+    assert ratios[("H4096 T1024", "bwd")] == pytest.approx(1.2)
+    assert ratios[("H4096 T4096", "bwd")] == pytest.approx(0.9)
+    assert merged["copy_bandwidth_bytes_per_s"] == pytest.approx(4.2e12)   # median of 4.0 and 4.2 (upper)
+    assert "later" in merged["env"]["merged from"]

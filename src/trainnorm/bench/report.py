@@ -382,6 +382,49 @@ def to_json(result: BenchResult) -> dict:
     })
 
 
+def from_json(data: dict) -> BenchResult:
+    """A BenchResult back from to_json's output (rows looked up by id)."""
+    rows = {r.id: r for r in shapes.all_rows()}
+    missing = [r["id"] for r in data["rows"] if r["id"] not in rows]
+    if missing:
+        raise ValueError(f"unknown row ids in the JSON: {missing[:5]}")
+    fields = set(Measurement.__dataclass_fields__)
+    return BenchResult(
+        data["env"], data["config"], [rows[r["id"]] for r in data["rows"]], list(data["ops"]),
+        list(data["impls"]), data["copy_bandwidth_bytes_per_s"],
+        [Measurement(**{k: v for k, v in m.items() if k in fields}) for m in data["measurements"]],
+        dict(data.get("unavailable", {})))
+
+
+def merge(parts: list[BenchResult]) -> BenchResult:
+    """One report from runs over different rows (e.g. a full run split across
+    several processes or machines' sessions). Every row's implementations still
+    come from one process: a (row, op, impl) measured twice keeps the later
+    part's value. The floor uses the median of the parts' copy bandwidths; the
+    header lists each part's GPU, date and bandwidth."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    order = {r.id: i for i, r in enumerate(shapes.all_rows())}
+    rows = sorted({r.id: r for p in parts for r in p.rows}.values(), key=lambda r: order[r.id])
+    ops = [o for o in shapes.OPS if any(o in p.ops for p in parts)]
+    impls = list(dict.fromkeys(i for p in parts for i in p.impls))
+    cells: dict = {}
+    for p in parts:
+        for m in p.measurements:
+            cells[(m.row, m.op, m.impl)] = m
+    bws = sorted(p.copy_bytes_per_s for p in parts if p.copy_bytes_per_s)
+    env = dict(parts[-1].env)
+    env["merged from"] = "; ".join(
+        f"{p.env.get('gpu', '?')} {p.env.get('date', '?')} ({len(p.rows)} rows, copy "
+        f"{(p.copy_bytes_per_s or 0) / 1e9:.0f} GB/s)" for p in parts)
+    unavailable = {}
+    for p in parts:
+        unavailable.update(p.unavailable)
+    unavailable = {k: v for k, v in unavailable.items() if k not in impls}
+    return BenchResult(env, dict(parts[-1].config), rows, ops, impls,
+                       bws[len(bws) // 2] if bws else None, list(cells.values()), unavailable)
+
+
 # --- plots ----------------------------------------------------------------------------------
 
 def plot(result: BenchResult, out_dir: str) -> tuple[list[str], str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import subprocess
@@ -53,7 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quack-autotune", action="store_true",
                    help="also time QuACK with its exhaustive per-shape autotune (slow: minutes per shape)")
     p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
+    p.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
+                   help="run nothing: merge the bench.json files of runs over different rows into one "
+                        "report (tables, JSON, plots) in --out")
     return p
+
+
+def merge_files(paths: list[str], out: str) -> int:
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            parts.append(report.from_json(json.load(f)))
+    result = report.merge(parts)
+    written, note = report.write_outputs(result, out)
+    print("\n".join(report.summary_table(report.summarize(report.compare(result)))))
+    if note:
+        print(f"trainnorm bench: {note}", file=sys.stderr)
+    print(f"trainnorm bench: merged {len(parts)} runs, {len(result.rows)} rows; wrote " + ", ".join(written))
+    return 0
 
 
 def _split(text: str) -> list[str]:
@@ -67,6 +85,8 @@ def _err(msg: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.merge:
+        return merge_files(args.merge, args.out)
     ops = _split(args.ops)
     bad = [o for o in ops if o not in shapes.OPS]
     if not ops or bad:
