@@ -62,14 +62,18 @@ def test_autograd_partial_needs(device):
 def test_opcheck(device):
     case = make_case("normal", (2, 3), 256, residual=True, seed=3, device=device)
     fwd, bwd = torch.ops.trainnorm.rms_norm_fwd.default, torch.ops.trainnorm.rms_norm_bwd.default
-    for args in [(case.x, case.weight, case.residual, 1e-6), (case.x, None, None, 1e-5)]:
+    z = case.dh
+    for args in [(case.x, case.weight, case.residual, None, 1e-6, True), (case.x, None, None, None, 1e-5, True),
+                 (case.x, case.weight, None, z, 1e-6, True), (case.x, case.weight, None, z, 1e-6, False)]:
         torch.library.opcheck(fwd, args)
-    y, rstd, h = fwd(case.x, case.weight, case.residual, 1e-6)
+    y, rstd, h = fwd(case.x, case.weight, case.residual, None, 1e-6, True)
     ws = trainnorm.backward_workspace(6, 256, device=device)
-    for args in [(case.dy, h, case.weight, rstd, case.dh, True, True, None),
-                 (case.dy, h, case.weight, rstd, None, False, True, None),
-                 (case.dy, h, case.weight, rstd, None, True, True, ws),
-                 (case.dy, h, None, rstd, None, True, False, None)]:
+    for args in [(case.dy, h, case.weight, rstd, case.dh, None, True, True, True, None),
+                 (case.dy, h, case.weight, rstd, None, None, True, False, True, None),
+                 (case.dy, h, case.weight, rstd, None, None, True, True, True, ws),
+                 (case.dy, h, None, rstd, None, None, True, True, False, None),
+                 (case.dy, h, case.weight, rstd, None, z, True, True, True, None),
+                 (case.dy, h, case.weight, rstd, None, z, False, False, True, None)]:
         torch.library.opcheck(bwd, args)
 
 

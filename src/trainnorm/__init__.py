@@ -9,8 +9,11 @@ from .functional import (
     rms_norm,
     rms_norm_backward,
     rms_norm_forward,
+    rms_norm_gated,
+    rms_norm_gated_backward,
+    rms_norm_gated_forward,
 )
-from .modules import RMSNorm
+from .modules import RMSNorm, RMSNormGated
 from .ops import RMSNormFunction
 
 __version__ = "0.1.0"
@@ -21,6 +24,10 @@ __all__ = [
     "rms_norm_backward",
     "backward_workspace",
     "backward_workspace_bytes",
+    "rms_norm_gated",
+    "rms_norm_gated_forward",
+    "rms_norm_gated_backward",
     "RMSNorm",
+    "RMSNormGated",
     "RMSNormFunction",
 ]

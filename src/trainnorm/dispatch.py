@@ -115,7 +115,7 @@ def row_views(*tensors):
 
 # --- forward ----------------------------------------------------------------------------
 
-def forward(x, weight, residual, eps):
+def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
     hidden = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -125,7 +125,7 @@ def forward(x, weight, residual, eps):
     if rows == 0:
         return y, rstd, h
     if not runs_kernels(x):
-        y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, residual)
+        y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, residual, gate, norm_before_gate)
         y.copy_(y64)
         rstd.copy_(rstd64)
         if residual is not None:
@@ -133,17 +133,17 @@ def forward(x, weight, residual, eps):
         return y, rstd, h
 
     cfg = configs.forward_config(hidden, x.dtype)
-    if residual is not None:
-        nh, ((xv, sxt, sxh), (rv, srt, srh)) = row_views(x, residual)
-    else:
-        nh, ((xv, sxt, sxh),) = row_views(x)
-        rv, srt, srh = xv, 0, 0
+    nh, views = row_views(*(t for t in (x, residual, gate) if t is not None))
+    (xv, sxt, sxh), rest = views[0], iter(views[1:])
+    rv, srt, srh = next(rest) if residual is not None else (xv, 0, 0)
+    zv, szt, szh = next(rest) if gate is not None else (xv, 0, 0)
     with _device_guard(x):
         rms_norm_fwd_kernel[(cdiv(rows, cfg.block_m),)](
-            xv, rv, weight if weight is not None else xv, y, h if residual is not None else y, rstd,
-            rows, hidden, nh, sxt, sxh, srt, srh, eps,
+            xv, rv, zv, weight if weight is not None else xv, y, h if residual is not None else y, rstd,
+            rows, hidden, nh, sxt, sxh, srt, srh, szt, szh, eps,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=cfg.col_tiles(hidden),
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
+            HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
             INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
     return y, rstd, h
@@ -169,9 +169,10 @@ class BackwardPlan:
         return 0
 
 
-def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: bool, need_dw: bool) -> BackwardPlan:
-    """The backward's form: a function of (rows, H, dtype, mode) only, never of the device."""
-    cfg = configs.backward_config(hidden, dtype)
+def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: bool, need_dw: bool,
+                  gated: bool = False) -> BackwardPlan:
+    """The backward's form: a function of (rows, H, dtype, mode, gate) only, never of the device."""
+    cfg = configs.backward_config(hidden, dtype, gated)
     col_tiles = cfg.col_tiles(hidden)
     num_chunks, rpc = cfg.chunking(rows)
     if not need_dw or rows == 0:
@@ -187,22 +188,26 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: boo
     return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, mode)
 
 
-def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
-    """(dx, dw); dw is float32 [H], or an empty tensor when it is not needed."""
+def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=None, norm_before_gate=True):
+    """(dx, dw, dgate); dw is float32 [H], or an empty tensor when it is not
+    needed; dgate has the gate's dtype, or is empty without a gate."""
     hidden = h.shape[-1]
     rows = rstd.numel()
     need_dw = need_dw and weight is not None
     dx = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    dz = torch.empty(gate.shape, dtype=gate.dtype, device=h.device) if gate is not None else h.new_empty(0)
     if rows == 0 or not runs_kernels(h):
         if rows == 0:
             dw = torch.zeros(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
-            return dx, dw
-        dx64, dw64 = reference.backward_fp64(dy, h, weight, rstd, dh)
-        dx.copy_(dx64)
-        dw = dw64.float() if need_dw else h.new_empty(0, dtype=torch.float32)
-        return dx, dw
+            return dx, dw, dz
+        out = reference.backward_fp64(dy, h, weight, rstd, dh, gate, norm_before_gate)
+        dx.copy_(out[0])
+        if gate is not None:
+            dz.copy_(out[2])
+        dw = out[1].float() if need_dw else h.new_empty(0, dtype=torch.float32)
+        return dx, dw, dz
 
-    plan = backward_plan(rows, hidden, h.dtype, deterministic, need_dw)
+    plan = backward_plan(rows, hidden, h.dtype, deterministic, need_dw, gate is not None)
     dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
     partial, counter = dx, dx
     nbytes = plan.workspace_bytes
@@ -220,20 +225,22 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
             partial = workspace[:hidden * 8].view(torch.float64)
             counter = workspace[hidden * 8:hidden * 8 + 4].view(torch.int32)
 
-    tensors = [dy, h] + ([dh] if dh is not None else [])
-    nh, views = row_views(*tensors)
-    (dyv, sdyt, sdyh), (hv, sht, shh) = views[0], views[1]
-    dhv, sdht, sdhh = views[2] if dh is not None else (dyv, 0, 0)
+    nh, views = row_views(*(t for t in (dy, h, dh, gate) if t is not None))
+    (dyv, sdyt, sdyh), (hv, sht, shh), rest = views[0], views[1], iter(views[2:])
+    dhv, sdht, sdhh = next(rest) if dh is not None else (dyv, 0, 0)
+    zv, szt, szh = next(rest) if gate is not None else (dyv, 0, 0)
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
     grid = min(plan.num_chunks, cfg.ctas_per_sm * sm_count(h.device))
     with _device_guard(h):
         rms_norm_bwd_kernel[(grid,)](
-            dyv, hv, weight if weight is not None else hv, rstd, dhv, dx, dw if need_dw else dx, partial, counter,
-            rows, hidden, nh, sdyt, sdyh, sht, shh, sdht, sdhh,
+            dyv, hv, zv, weight if weight is not None else hv, rstd, dhv, dx, dz if gate is not None else dx,
+            dw if need_dw else dx, partial, counter,
+            rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh,
             plan.rows_per_chunk, plan.num_chunks,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
+            HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
             DW_MODE=plan.dw_mode, INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )
         if plan.dw_mode == DW_PARTIAL:
@@ -241,4 +248,4 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
                 partial, dw, plan.num_chunks, hidden,
                 BLOCK_P=COMBINE_BLOCK_P, BLOCK_N=COMBINE_BLOCK_N, num_warps=4,
             )
-    return dx, dw
+    return dx, dw, dz

@@ -99,6 +99,53 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
     return RMSNormFunction.apply(x, weight, eps, residual, deterministic)
 
 
+def _check_gate(gate, x):
+    if not isinstance(gate, torch.Tensor):
+        raise TypeError(f"gate must be a torch.Tensor, got {type(gate).__name__}")
+    _check_like("gate", gate, x, "x")
+
+
+def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, deterministic=True):
+    """SiLU-gated RMSNorm, differentiable in x, gate and weight.
+
+    norm_before_gate=True:  y = rms_norm(x) * weight * silu(gate)   (Qwen3-Next,
+                                flash-linear-attention's fused_norm_gate)
+    norm_before_gate=False: y = rms_norm(x * silu(gate)) * weight   (Mamba2)
+    """
+    _check_activation("x", x)
+    _check_gate(gate, x)
+    weight = _check_weight(weight, x)
+    eps = _check_eps(eps, x.dtype)
+    _check_flag("norm_before_gate", norm_before_gate)
+    _check_flag("deterministic", deterministic)
+    return RMSNormFunction.apply(x, weight, eps, None, deterministic, gate, norm_before_gate)
+
+
+def rms_norm_gated_forward(x, gate, weight, eps=1e-6, *, norm_before_gate=True):
+    """Explicit gated forward: (y, rstd); rstd is that of x, or of x * silu(gate)
+    when the gate comes first."""
+    _check_activation("x", x)
+    _check_gate(gate, x)
+    weight = _check_weight(weight, x)
+    eps = _check_eps(eps, x.dtype)
+    _check_flag("norm_before_gate", norm_before_gate)
+    y, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(x, weight, None, gate, eps, norm_before_gate)
+    return y, rstd
+
+
+def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True, deterministic=True,
+                            workspace=None):
+    """Explicit gated backward: (dx, dgate, dw); dw is float32 [H], or None
+    without a weight."""
+    _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x")
+    _check_gate(gate, x)
+    _check_flag("norm_before_gate", norm_before_gate)
+    weight = _check_weight(weight, x)
+    dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, norm_before_gate,
+                                                  deterministic, True, workspace)
+    return dx, dz, (dw if weight is not None else None)
+
+
 def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
     """Explicit forward: (y, rstd, h). y has x's dtype, rstd is float32 [...],
     h is x + residual (or x itself without a residual)."""
@@ -107,7 +154,7 @@ def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
     if residual is not None:
         _check_like("residual", residual, x, "x")
     eps = _check_eps(eps, x.dtype)
-    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, eps)
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, True)
     return y, rstd, (h if residual is not None else x)
 
 
@@ -115,31 +162,37 @@ def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, works
     """Explicit backward: (dx, dw). dx has h's dtype (it is also the residual's
     gradient); dw is float32 [H], or None without a weight. With a workspace
     (see backward_workspace) nothing but the outputs is allocated."""
-    _check_activation("h", h)
-    _check_like("dy", dy, h, "h")
+    _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
     weight = _check_weight(weight, h, "h")
+    dx, dw, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, True, deterministic, True, workspace)
+    return dx, (dw if weight is not None else None)
+
+
+def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_name="h"):
+    n = h_name
+    _check_activation(n, h)
+    _check_like("dy", dy, h, n)
+    _check_weight(weight, h, n)
     if not isinstance(rstd, torch.Tensor):
         raise TypeError(f"rstd must be a torch.Tensor, got {type(rstd).__name__}")
     if rstd.dtype != torch.float32:
         raise TypeError(f"rstd must be float32, got {rstd.dtype}")
     if tuple(rstd.shape) != tuple(h.shape[:-1]):
-        raise ValueError(f"rstd must have shape h.shape[:-1] = {list(h.shape[:-1])}, got {list(rstd.shape)}")
+        raise ValueError(f"rstd must have shape {n}.shape[:-1] = {list(h.shape[:-1])}, got {list(rstd.shape)}")
     if rstd.device != h.device:
-        raise ValueError(f"rstd must be on h's device {h.device}, got {rstd.device}")
+        raise ValueError(f"rstd must be on {n}'s device {h.device}, got {rstd.device}")
     if dh is not None:
-        _check_like("dh", dh, h, "h")
+        _check_like("dh", dh, h, n)
     _check_flag("deterministic", deterministic)
     if workspace is not None:
         if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
             raise TypeError("workspace must be a torch.uint8 tensor from backward_workspace()")
         if workspace.device != h.device or not workspace.is_contiguous():
-            raise ValueError(f"workspace must be a contiguous tensor on h's device {h.device}")
+            raise ValueError(f"workspace must be a contiguous tensor on {n}'s device {h.device}")
         need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
                              f"H={h.shape[-1]}, got {workspace.numel()}")
-    dx, dw = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, deterministic, True, workspace)
-    return dx, (dw if weight is not None else None)
 
 
 def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> int:

@@ -6,7 +6,7 @@ import numbers
 import torch
 from torch import nn
 
-from .functional import rms_norm
+from .functional import rms_norm, rms_norm_gated
 
 
 class RMSNorm(nn.Module):
@@ -44,3 +44,23 @@ class RMSNorm(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
                 f"deterministic={self.deterministic}")
+
+
+class RMSNormGated(RMSNorm):
+    """SiLU-gated RMSNorm with a `weight` parameter like RMSNorm.
+
+    ``forward(x, gate)``: rms_norm(x) * weight * silu(gate) with
+    norm_before_gate=True (the default), else rms_norm(x * silu(gate)) * weight.
+    """
+
+    def __init__(self, normalized_shape, eps=1e-6, norm_before_gate=True, elementwise_affine=True, device=None,
+                 dtype=None, *, deterministic=True):
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, deterministic=deterministic)
+        self.norm_before_gate = norm_before_gate
+
+    def forward(self, x, gate):
+        return rms_norm_gated(x, gate, self.weight, self.eps, norm_before_gate=self.norm_before_gate,
+                              deterministic=self.deterministic)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", norm_before_gate={self.norm_before_gate}"

@@ -15,13 +15,14 @@ from . import dispatch
 
 
 @torch.library.custom_op("trainnorm::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], gate: Optional[Tensor],
+                 eps: float, norm_before_gate: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, rstd, h); h is empty without a residual (the caller's x is h then)."""
-    return dispatch.forward(x, weight, residual, eps)
+    return dispatch.forward(x, weight, residual, eps, gate, norm_before_gate)
 
 
 @rms_norm_fwd.register_fake
-def _(x, weight, residual, eps):
+def _(x, weight, residual, gate, eps, norm_before_gate):
     y = x.new_empty(x.shape)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
     h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
@@ -30,41 +31,50 @@ def _(x, weight, residual, eps):
 
 @torch.library.custom_op("trainnorm::rms_norm_bwd", mutates_args=("workspace",))
 def rms_norm_bwd(dy: Tensor, h: Tensor, weight: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor],
-                 deterministic: bool, need_dw: bool, workspace: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """(dx, dw); dw is float32 [H], or empty when need_dw is False or there is no weight."""
-    return dispatch.backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace)
+                 gate: Optional[Tensor], norm_before_gate: bool, deterministic: bool, need_dw: bool,
+                 workspace: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dw, dgate); dw is float32 [H], or empty when need_dw is False or there
+    is no weight; dgate is empty without a gate."""
+    return dispatch.backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate, norm_before_gate)
 
 
 @rms_norm_bwd.register_fake
-def _(dy, h, weight, rstd, dh, deterministic, need_dw, workspace):
+def _(dy, h, weight, rstd, dh, gate, norm_before_gate, deterministic, need_dw, workspace):
     dx = h.new_empty(h.shape)
     n = h.shape[-1] if (need_dw and weight is not None) else 0
-    return dx, h.new_empty(n, dtype=torch.float32)
+    dz = gate.new_empty(gate.shape) if gate is not None else h.new_empty(0)
+    return dx, h.new_empty(n, dtype=torch.float32), dz
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """y = rms_norm(x [+ residual]) * weight; returns y, or (y, h) with a residual.
+    """y = rms_norm(x [+ residual]) * weight [gated]; returns y, or (y, h) with a residual.
 
-    apply(x, weight, eps, residual, deterministic). Gradients flow to x, weight
-    and residual; the residual's gradient is the same tensor as x's.
+    apply(x, weight, eps, residual, deterministic[, gate, norm_before_gate]).
+    Gradients flow to x, weight, residual and gate; the residual's gradient is
+    the same tensor as x's. With a gate: y = rms_norm(h) * weight * silu(gate)
+    (norm_before_gate=True) or rms_norm(h * silu(gate)) * weight.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, eps, residual, deterministic):
-        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, eps)
+    def forward(ctx, x, weight, eps, residual, deterministic, gate=None, norm_before_gate=True):
+        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, gate, eps, norm_before_gate)
         has_residual = residual is not None
-        ctx.save_for_backward(h if has_residual else x, weight, rstd)
+        ctx.save_for_backward(h if has_residual else x, weight, rstd, gate)
         ctx.has_residual = has_residual
         ctx.deterministic = deterministic
+        ctx.norm_before_gate = norm_before_gate
         ctx.set_materialize_grads(False)
         return (y, h) if has_residual else y
 
     @staticmethod
     def backward(ctx, dy, dh=None):
-        h, weight, rstd = ctx.saved_tensors
+        h, weight, rstd, gate = ctx.saved_tensors
         need_dw = weight is not None and ctx.needs_input_grad[1]
         if dy is None:
             dy = torch.zeros_like(h)
-        dx, dw = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, ctx.deterministic, need_dw, None)
-        dres = dx if ctx.has_residual and ctx.needs_input_grad[3] else None
-        return (dx if ctx.needs_input_grad[0] else None), (dw if need_dw else None), None, dres, None
+        dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.norm_before_gate,
+                                                      ctx.deterministic, need_dw, None)
+        needs = ctx.needs_input_grad
+        dres = dx if ctx.has_residual and needs[3] else None
+        dgate = dz if gate is not None and needs[5] else None
+        return (dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None

@@ -11,7 +11,7 @@ Invariants the numerics rely on (tests check them):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -97,7 +97,14 @@ def forward_config(hidden: int, dtype: torch.dtype) -> FwdConfig:
 
 
 @lru_cache(maxsize=None)
-def backward_config(hidden: int, dtype: torch.dtype) -> BwdConfig:
+def backward_config(hidden: int, dtype: torch.dtype, gated: bool = False) -> BwdConfig:
     elt = dtype.itemsize
     entry = tuned.BWD.get((hidden, elt))
-    return BwdConfig(**entry) if entry else _default_bwd(hidden, elt)
+    cfg = BwdConfig(**entry) if entry else _default_bwd(hidden, elt)
+    if gated:
+        # The gated backward also holds z, sigmoid(z) and dz per element: with
+        # the plain tiles ptxas (CUDA 13.4, via Triton 3.9) spills up to ~8 KB
+        # per thread (H512 bm16 w4; tools/compile_check.py). Twice the warps
+        # halve each thread's share of the tile. Not yet timed on a GPU.
+        cfg = replace(cfg, num_warps=min(16, 2 * cfg.num_warps))
+    return cfg

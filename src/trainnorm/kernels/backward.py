@@ -32,20 +32,72 @@ With COL_TILES > 1 (rows too wide for one tile) each row is walked twice
 (c, then dx) and the chunk's partial is accumulated in place in PARTIAL;
 only DW_MODE 0 and 1 apply there.
 
+With a gate z (HAS_GATE), s = silu(f32(z)), s' its derivative:
+    norm, then gate:  dy is replaced by dy * s above (g = dy * s * w), and
+                      dz_j = round(dy_j * xhat_j * w_j * s'_j)
+    GATE_FIRST:       u = f32(h) * s takes h's place (uhat = u * rstd), the
+                      norm's gradient du = rstd * (g - uhat * c) gives
+                      dx_j = round(du_j * s_j + f32(dh_j)), dz_j = round(du_j * f32(h_j) * s'_j)
+    dw_j = sum over rows of f32(dy_j) * s_j * xhat_j (both forms).
+
 The row reduction (c) uses the same tile shape whatever the mode, chunking or
 number of rows, so dx is bitwise identical across modes and batch-invariant.
 """
 import triton
 import triton.language as tl
 
-from .common import round_to, row_offsets
+from .common import load_gate, round_to, row_offsets
 
 
 @triton.jit
-def _dw_terms(b_dy, b_h, b_rstd):
-    """f64(dy * h) * f64(rstd): dy * h is exact in float32 for 16-bit inputs and
-    the float64 product with rstd is exact, so dw's terms carry no rounding."""
-    return (b_dy * b_h).to(tl.float64) * b_rstd.to(tl.float64)[:, None]
+def _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig,
+                 HAS_WEIGHT: tl.constexpr, HAS_GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """(uhat, g): the normalised input u * rstd (u = h, or h * silu(z) with
+    GATE_FIRST) and g, the gradient reaching uhat (dy * w, with dy * silu(z)
+    in place of dy when the gate follows the norm)."""
+    b_u = b_h
+    b_dyn = b_dy
+    if HAS_GATE:
+        if GATE_FIRST:
+            b_u = b_h * (b_z * b_sig)
+        else:
+            b_dyn = b_dy * (b_z * b_sig)
+    b_xhat = b_u * b_rstd[:, None]
+    if HAS_WEIGHT:
+        b_g = b_dyn * b_w
+    else:
+        b_g = b_dyn
+    return b_xhat, b_g
+
+
+@triton.jit
+def _input_grads(b_h, b_dy, b_rstd, b_w, b_z, b_sig, b_xhat, b_g, b_c,
+                 HAS_WEIGHT: tl.constexpr, HAS_GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """(dx, dz) before the residual's dh is added; dz is meaningful with HAS_GATE only."""
+    b_dx = b_rstd[:, None] * (b_g - b_xhat * b_c[:, None])
+    b_dz = b_dx
+    if HAS_GATE:
+        b_dsilu = b_sig * (1.0 + b_z * (1.0 - b_sig))
+        if GATE_FIRST:
+            b_dz = b_dx * b_h * b_dsilu
+            b_dx = b_dx * (b_z * b_sig)
+        else:
+            if HAS_WEIGHT:
+                b_dz = b_dy * (b_xhat * b_w) * b_dsilu
+            else:
+                b_dz = b_dy * b_xhat * b_dsilu
+    return b_dx, b_dz
+
+
+@triton.jit
+def _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE: tl.constexpr):
+    """f64(dy * h) * f64(rstd) [* f64(silu(z))]: dy * h is exact in float32 for
+    16-bit inputs and the float64 product with rstd is exact, so without a gate
+    dw's terms carry no rounding (with one, only silu(z)'s float32 rounding)."""
+    b_t = (b_dy * b_h).to(tl.float64) * b_rstd.to(tl.float64)[:, None]
+    if HAS_GATE:
+        b_t = b_t * (b_z * b_sig).to(tl.float64)
+    return b_t
 
 
 @triton.jit
@@ -75,9 +127,9 @@ def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw, INTERPRETED: tl.constexpr)
 
 @triton.jit
 def rms_norm_bwd_kernel(
-    DY, HX, W, RSTD, DH, DX, DW, PARTIAL, COUNTER,
+    DY, HX, Z, W, RSTD, DH, DX, DZ, DW, PARTIAL, COUNTER,
     rows, n_cols, NH,
-    stride_dyt, stride_dyh, stride_ht, stride_hh, stride_dht, stride_dhh,
+    stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -85,6 +137,8 @@ def rms_norm_bwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_DH: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    GATE_FIRST: tl.constexpr,
     DW_MODE: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -96,7 +150,9 @@ def rms_norm_bwd_kernel(
     if COL_TILES == 1:
         m_n = o_n < n_cols
         if HAS_WEIGHT:
-            b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)
+            b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
         b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
         for chunk in tl.range(pid, num_chunks, grid):
             row_start = chunk * rows_per_chunk
@@ -110,20 +166,24 @@ def rms_norm_bwd_kernel(
                 b_h = tl.load(HX + o_h, mask=mask, other=0.0).to(tl.float32)
                 b_dy = tl.load(DY + o_dy, mask=mask, other=0.0).to(tl.float32)
                 b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
-                b_xhat = b_h * b_rstd[:, None]
-                if HAS_WEIGHT:
-                    b_g = b_dy * b_w[None, :]
+                if HAS_GATE:
+                    o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None] + o_n[None, :]
+                    b_z, b_sig = load_gate(Z, o_z, mask)
                 else:
-                    b_g = b_dy
+                    b_z, b_sig = b_h, b_h
+                b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                 b_c = tl.sum(b_g * b_xhat, axis=1) / n_cols
-                b_dx = b_rstd[:, None] * (b_g - b_xhat * b_c[:, None])
+                b_dx, b_dz = _input_grads(b_h, b_dy, b_rstd, b_w, b_z, b_sig, b_xhat, b_g, b_c,
+                                          HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                 if HAS_DH:
                     o_dh = row_offsets(o_m, NH, stride_dht, stride_dhh, TWO_LEVEL)[:, None] + o_n[None, :]
                     b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
                 o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_n[None, :]
                 tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, INTERPRETED), mask=mask)
+                if HAS_GATE:
+                    tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty, INTERPRETED), mask=mask)
                 if DW_MODE != 0:
-                    b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd), axis=0)
+                    b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
             if DW_MODE == 1:
                 tl.store(PARTIAL + chunk * n_cols + o_n, b_dw, mask=m_n)
                 b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
@@ -146,39 +206,55 @@ def rms_norm_bwd_kernel(
                 m_m = o_m < row_end
                 o_hr = row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None]
                 o_dyr = row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None]
+                o_zr = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
                 b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
-                # pass 1: c = sum_j g_j * xhat_j / H
+                # pass 1: c = sum_j g_j * uhat_j / H
                 b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
                     o_c = n0 + o_n
                     m_n = o_c < n_cols
                     mask = m_m[:, None] & m_n[None, :]
-                    b_xhat = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32) * b_rstd[:, None]
-                    b_g = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
+                    b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
+                    b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
                     if HAS_WEIGHT:
-                        b_g = b_g * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+                        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+                    else:
+                        b_w = b_h
+                    if HAS_GATE:
+                        b_z, b_sig = load_gate(Z, o_zr + o_c[None, :], mask)
+                    else:
+                        b_z, b_sig = b_h, b_h
+                    b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                     b_acc += b_g * b_xhat
                 b_c = tl.sum(b_acc, axis=1) / n_cols
-                # pass 2: dx, and the chunk's dw partial accumulated in place
+                # pass 2: dx (dz), and the chunk's dw partial accumulated in place
                 for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
                     o_c = n0 + o_n
                     m_n = o_c < n_cols
                     mask = m_m[:, None] & m_n[None, :]
                     b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
-                    b_xhat = b_h * b_rstd[:, None]
                     b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
                     if HAS_WEIGHT:
-                        b_g = b_dy * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+                        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
                     else:
-                        b_g = b_dy
-                    b_dx = b_rstd[:, None] * (b_g - b_xhat * b_c[:, None])
+                        b_w = b_h
+                    if HAS_GATE:
+                        b_z, b_sig = load_gate(Z, o_zr + o_c[None, :], mask)
+                    else:
+                        b_z, b_sig = b_h, b_h
+                    b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
+                    b_dx, b_dz = _input_grads(b_h, b_dy, b_rstd, b_w, b_z, b_sig, b_xhat, b_g, b_c,
+                                              HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                     if HAS_DH:
                         o_dh = row_offsets(o_m, NH, stride_dht, stride_dhh, TWO_LEVEL)[:, None] + o_c[None, :]
                         b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
                     o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_c[None, :]
                     tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty, INTERPRETED), mask=mask)
+                    if HAS_GATE:
+                        tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty, INTERPRETED), mask=mask)
                     if DW_MODE != 0:
                         b_old = tl.load(p_part + o_c, mask=m_n, other=0.0)
-                        tl.store(p_part + o_c, b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd), axis=0), mask=m_n)
+                        b_new = b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
+                        tl.store(p_part + o_c, b_new, mask=m_n)
                 # the next tile re-reads this partial: order it after these stores
                 tl.debug_barrier()

@@ -54,3 +54,10 @@ def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE
 def rstd_from_sumsq(b_ss, n_cols, eps):
     """rstd = 1 / sqrt(sum / H + eps), with IEEE-rounded sqrt and division."""
     return tl.div_rn(1.0, tl.sqrt_rn(b_ss / n_cols + eps))
+
+
+@triton.jit
+def load_gate(Z, o_z, mask):
+    """(z, sigmoid(z)) in float32 for a tile of the gate."""
+    b_z = tl.load(Z + o_z, mask=mask, other=0.0).to(tl.float32)
+    return b_z, tl.sigmoid(b_z)

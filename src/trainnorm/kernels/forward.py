@@ -4,6 +4,11 @@
     rstd = 1 / sqrt(sum_j f32(h_j)^2 / H + eps)
     y_j  = round(f32(h_j) * rstd * f32(w_j))                      (w_j = 1 without HAS_WEIGHT)
 
+With a gate z (HAS_GATE), s = silu(f32(z)):
+    y_j  = round(f32(h_j) * rstd * f32(w_j) * s_j)                (norm, then gate)
+or, with GATE_FIRST, u = f32(h) * s normalised in place of h:
+    rstd = 1 / sqrt(sum_j u_j^2 / H + eps),  y_j = round(u_j * rstd * f32(w_j))
+
 Each program normalises BLOCK_M rows. A row is held in one tile of BLOCK_N
 columns when it fits (COL_TILES == 1); wider rows are walked in COL_TILES
 tiles twice (sum of squares, then normalise). The tile shape is a function of
@@ -13,14 +18,14 @@ rows there are: y and rstd are batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import load_h, round_to, row_offsets, rstd_from_sumsq
+from .common import load_gate, load_h, round_to, row_offsets, rstd_from_sumsq
 
 
 @triton.jit
 def rms_norm_fwd_kernel(
-    X, R, W, Y, H_OUT, RSTD,
+    X, R, Z, W, Y, H_OUT, RSTD,
     rows, n_cols, NH,
-    stride_xt, stride_xh, stride_rt, stride_rh,
+    stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh,
     eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -28,6 +33,8 @@ def rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    GATE_FIRST: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -38,6 +45,10 @@ def rms_norm_fwd_kernel(
         o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
     else:
         o_r = o_x
+    if HAS_GATE:
+        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
+    else:
+        o_z = o_x
     o_out = (o_m.to(tl.int64) * n_cols)[:, None]
     o_n = tl.arange(0, BLOCK_N)
 
@@ -46,10 +57,16 @@ def rms_norm_fwd_kernel(
         mask = m_m[:, None] & m_n[None, :]
         b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
                      mask, HAS_RESIDUAL, True, INTERPRETED)
+        if HAS_GATE:
+            b_z, b_sig = load_gate(Z, o_z + o_n[None, :], mask)
+            if GATE_FIRST:
+                b_h = b_h * (b_z * b_sig)
         b_rstd = rstd_from_sumsq(tl.sum(b_h * b_h, axis=1), n_cols, eps)
         b_y = b_h * b_rstd[:, None]
         if HAS_WEIGHT:
             b_y = b_y * tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        if HAS_GATE and not GATE_FIRST:
+            b_y = b_y * (b_z * b_sig)
         tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
     else:
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -58,6 +75,9 @@ def rms_norm_fwd_kernel(
             mask = m_m[:, None] & (o_c < n_cols)[None, :]
             b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
                          mask, HAS_RESIDUAL, True, INTERPRETED)
+            if HAS_GATE and GATE_FIRST:
+                b_z, b_sig = load_gate(Z, o_z + o_c[None, :], mask)
+                b_h = b_h * (b_z * b_sig)
             b_acc += b_h * b_h
         b_rstd = rstd_from_sumsq(tl.sum(b_acc, axis=1), n_cols, eps)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
@@ -68,8 +88,14 @@ def rms_norm_fwd_kernel(
             # ordering between this program's own stores and loads is needed.
             b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
                          mask, HAS_RESIDUAL, False, INTERPRETED)
+            if HAS_GATE:
+                b_z, b_sig = load_gate(Z, o_z + o_c[None, :], mask)
+                if GATE_FIRST:
+                    b_h = b_h * (b_z * b_sig)
             b_y = b_h * b_rstd[:, None]
             if HAS_WEIGHT:
                 b_y = b_y * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+            if HAS_GATE and not GATE_FIRST:
+                b_y = b_y * (b_z * b_sig)
             tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)

@@ -1,0 +1,128 @@
+"""The SiLU-gated RMSNorm: both orders of norm and gate, both dw modes."""
+import pytest
+import torch
+
+import trainnorm
+from trainnorm import dispatch, reference
+from trainnorm.families import make_case
+
+from helpers import DW_BUDGET, assert_bits_equal, assert_close64
+
+EPS = 1e-6
+
+
+def gated_case(lead, hidden, *, seed, device, family="normal", weight_dtype=torch.bfloat16, dtype=torch.bfloat16,
+               query_view=False):
+    case = make_case(family, lead, hidden, dtype=dtype, weight_dtype=weight_dtype, residual=True, seed=seed,
+                     device=device, query_view=query_view)
+    return case.x, case.residual, case.weight, case.dy     # residual's draw serves as the gate
+
+
+def run(x, z, w, dy, nbg, det=True):
+    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS, norm_before_gate=nbg)
+    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=nbg, deterministic=det)
+    return y, rstd, dx, dz, dw
+
+
+def check(x, z, w, dy, nbg, det=True):
+    y, rstd, dx, dz, dw = out = run(x, z, w, dy, nbg, det)
+    y64, rstd64, _ = reference.forward_fp64(x, w, EPS, None, z, nbg)
+    assert y.dtype == x.dtype and rstd.dtype == torch.float32
+    assert_close64(y, y64, "y")
+    assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
+    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, nbg)
+    assert dz.dtype == z.dtype and dz.shape == z.shape
+    assert_close64(dx, dx64, "dx")
+    assert_close64(dz, dz64, "dgate")
+    if w is not None:
+        err = reference.dw_err_over_tol(dw, dw64)
+        assert err <= DW_BUDGET, f"dw err/tol {err:.4f}"
+    return out
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("hidden", [512, 1000, 2048, 6144])
+def test_gated_accuracy(device, hidden, norm_before_gate):
+    check(*gated_case((23,), hidden, seed=hidden, device=device), norm_before_gate)
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gated_modes_and_chunks(device, norm_before_gate, deterministic):
+    # 300 rows of H512: several chunks, partial + combine (det) or atomic (fast)
+    x, z, w, dy = gated_case((300,), 512, seed=1, device=device, family="outlier", weight_dtype=torch.float32)
+    det = check(x, z, w, dy, norm_before_gate, True)
+    other = check(x, z, w, dy, norm_before_gate, deterministic)
+    for a, b, n in zip(det[:4], other[:4], ("y", "rstd", "dx", "dgate")):
+        assert_bits_equal(a, b, n)
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_gated_wide_rows(device, norm_before_gate):
+    check(*gated_case((7,), 8200, seed=2, device=device), norm_before_gate)
+
+
+def test_gated_views_and_no_weight(device):
+    x, z, w, dy = gated_case((5, 24), 256, seed=3, device=device, query_view=True)
+    assert x.stride() == (24 * 512, 512, 1)
+    check(x, z.transpose(0, 1).contiguous().transpose(0, 1), None, dy, True)   # gate in another layout
+    check(x, z, None, dy, False)
+
+
+def test_gated_batch_invariance_and_sm_counts(device):
+    x, z, w, dy = gated_case((150,), 2048, seed=4, device=device)
+    ref = run(x, z, w, dy, True)
+    sub = run(x[7:60], z[7:60], w, dy[7:60], True)
+    for a, b, n in zip(ref[:4], sub[:4], ("y", "rstd", "dx", "dgate")):
+        assert_bits_equal(a[7:60], b, n)
+    for sms in (1, 5, 300):
+        with dispatch.simulate_sm_count(sms):
+            for a, b in zip(ref, run(x, z, w, dy, True)):
+                assert_bits_equal(a, b, f"{sms} SMs")
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_gated_autograd_and_module(device, norm_before_gate):
+    x, z, w, dy = gated_case((4, 9), 512, seed=5, device=device, weight_dtype=torch.float32)
+    m = trainnorm.RMSNormGated(512, eps=EPS, norm_before_gate=norm_before_gate, device=device)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    xr, zr = x.clone().requires_grad_(), z.clone().requires_grad_()
+    y = m(xr, zr)
+    y.backward(dy)
+    _, _, dx, dz, dw = run(x, z, w, dy, norm_before_gate)
+    assert_bits_equal(xr.grad, dx, "x.grad")
+    assert_bits_equal(zr.grad, dz, "gate.grad")
+    assert_bits_equal(m.weight.grad, dw, "weight.grad")
+    assert f"norm_before_gate={norm_before_gate}" in repr(m)
+    assert list(m.state_dict()) == ["weight"]
+
+
+def test_gated_reference_gradcheck():
+    torch.manual_seed(0)
+    for nbg in (True, False):
+        x = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+        z = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda x, z, w: reference.RMSNormGatedFP64.apply(x, z, w, 1e-5, nbg), (x, z, w))
+
+
+def test_gated_bad_input(device, monkeypatch):
+    monkeypatch.setattr(dispatch, "forward", lambda *a, **k: pytest.fail("launched"))
+    x = torch.randn(4, 64, device=device).to(torch.bfloat16)
+    w = torch.ones(64, device=device, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="gate must be a torch.Tensor"):
+        trainnorm.rms_norm_gated(x, None, w)
+    with pytest.raises(ValueError, match="gate must have the shape of x"):
+        trainnorm.rms_norm_gated(x, x[:, :32], w)
+    with pytest.raises(TypeError, match="gate must have dtype"):
+        trainnorm.rms_norm_gated(x, x.float(), w)
+    with pytest.raises(TypeError, match="norm_before_gate must be a bool"):
+        trainnorm.rms_norm_gated(x, x, w, norm_before_gate=None)
+
+
+def test_gated_cpu_reference_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, z, w, dy = gated_case((6,), 384, seed=6, device="cpu")
+    for nbg in (True, False):
+        check(x, z, w, dy, nbg)
