@@ -101,6 +101,22 @@ def _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
+def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, HAS_WEIGHT: tl.constexpr, HAS_GATE: tl.constexpr):
+    """One column tile of a wide row: f32 h, dy, w (as [1, BLOCK_N]) and the gate's z, sigmoid(z)."""
+    b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
+    b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    else:
+        b_w = b_h
+    if HAS_GATE:
+        b_z, b_sig = load_gate(Z, o_zr + o_c[None, :], mask)
+    else:
+        b_z, b_sig = b_h, b_h
+    return b_h, b_dy, b_w, b_z, b_sig
+
+
+@triton.jit
 def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw, INTERPRETED: tl.constexpr):
     """DW_MODE 2: add this program's float64 dw into ACC; the last program to
     arrive (an atomic ticket; nobody waits) rounds ACC into DW and leaves ACC
@@ -214,16 +230,8 @@ def rms_norm_bwd_kernel(
                     o_c = n0 + o_n
                     m_n = o_c < n_cols
                     mask = m_m[:, None] & m_n[None, :]
-                    b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
-                    b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
-                    if HAS_WEIGHT:
-                        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
-                    else:
-                        b_w = b_h
-                    if HAS_GATE:
-                        b_z, b_sig = load_gate(Z, o_zr + o_c[None, :], mask)
-                    else:
-                        b_z, b_sig = b_h, b_h
+                    b_h, b_dy, b_w, b_z, b_sig = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n,
+                                                                HAS_WEIGHT, HAS_GATE)
                     b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                     b_acc += b_g * b_xhat
                 b_c = tl.sum(b_acc, axis=1) / n_cols
@@ -232,16 +240,8 @@ def rms_norm_bwd_kernel(
                     o_c = n0 + o_n
                     m_n = o_c < n_cols
                     mask = m_m[:, None] & m_n[None, :]
-                    b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
-                    b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
-                    if HAS_WEIGHT:
-                        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
-                    else:
-                        b_w = b_h
-                    if HAS_GATE:
-                        b_z, b_sig = load_gate(Z, o_zr + o_c[None, :], mask)
-                    else:
-                        b_z, b_sig = b_h, b_h
+                    b_h, b_dy, b_w, b_z, b_sig = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n,
+                                                                HAS_WEIGHT, HAS_GATE)
                     b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
                     b_dx, b_dz = _input_grads(b_h, b_dy, b_rstd, b_w, b_z, b_sig, b_xhat, b_g, b_c,
                                               HAS_WEIGHT, HAS_GATE, GATE_FIRST)
