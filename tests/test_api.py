@@ -1,11 +1,9 @@
 """Argument checking, the CPU reference path, and the nn.Module drop-in."""
-import os
-
 import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch, reference
+from trainnorm import dispatch
 
 from helpers import assert_bits_equal, check_backward, check_forward
 

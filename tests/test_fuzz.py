@@ -7,7 +7,6 @@ the contract's tolerances, repeat bit for bit, and y / rstd / dx must be the
 same bits in both modes. On a CPU the kernels run in Triton's interpreter, so
 the sizes stay small; the GPU soak runs the same property at large sizes.
 """
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

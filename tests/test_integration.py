@@ -1,5 +1,6 @@
-"""Training-stack integrations: activation checkpointing and CUDA-graph training steps."""
-import pytest
+"""Training-stack integrations: activation checkpointing and the demo's two training runs.
+
+(The CUDA-graph forward + backward step with a workspace is tests/test_gpu.py::test_cuda_graph_replay_bitwise.)"""
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -45,36 +46,6 @@ def test_checkpoint_bitwise_equal(device):
     ckpt = _grads(model, x, r, True)
     for i, (a, b) in enumerate(zip(plain, ckpt)):
         assert_bits_equal(a, b, f"gradient {i}")
-
-
-@pytest.mark.gpu
-def test_cuda_graph_training_step_bitwise():
-    torch.manual_seed(0)
-    hidden, rows = 1024, 4096
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(hidden, device="cuda", dtype=torch.float32)
-    dy = torch.randn_like(x)
-    ws = trainnorm.backward_workspace(rows, hidden, device="cuda")
-
-    def step():
-        y, rstd, h = trainnorm.rms_norm_forward(x, w)
-        dx, dw = trainnorm.rms_norm_backward(dy, h, w, rstd, workspace=ws)
-        return y, dx, dw
-
-    eager = step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = step()
-    for _ in range(3):
-        g.replay()
-        torch.cuda.synchronize()
-        for a, b, n in zip(eager, outs, ("y", "dx", "dw")):
-            assert_bits_equal(a, b, f"graph replay {n}")
 
 
 def test_demo_trains_twice_bitwise(capsys):

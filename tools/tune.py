@@ -146,7 +146,7 @@ def main():
         fbest = sorted(fwd.items(), key=lambda kv: kv[1])[:3]
         bbest = sorted(bwd.items(), key=lambda kv: kv[1])[:3]
         log(f"H{hidden} T{tok1} fwd best: " + ", ".join(f"bm{c.block_m} w{c.num_warps} {t:.1f}us" for c, t in fbest)
-            + f" | bwd best: " + ", ".join(f"bm{k[0]} w{k[2]} {t:.1f}us" for k, t in bbest)
+            + " | bwd best: " + ", ".join(f"bm{k[0]} w{k[2]} {t:.1f}us" for k, t in bbest)
             + f"  ({time.time() - t0:.0f}s)")
         toks = [int(t) for t in args.tokens2.split(",")]
         if hidden == 256:
