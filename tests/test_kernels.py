@@ -233,3 +233,33 @@ def test_fast_mode_form_windows():
     assert plan(65536, 4096, True) == dispatch.DW_PARTIAL
     assert plan(1, 4096, False) == plan(1, 4096, True) == dispatch.DW_DIRECT
     assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_prefetch_same_bits(device, monkeypatch, gated, residual):
+    # PREFETCH only issues the next row tile's loads earlier: every output keeps its bits,
+    # including a chunk whose last tile is partial (rows 0..40 in chunks of 12, tiles of 4)
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    base = replace(backward_config(hidden, torch.bfloat16, gated), block_m=4, min_rows_per_chunk=12, max_chunks=8)
+    case = make_case("outlier", (41,), hidden, residual=residual, seed=11, device=device)
+    gate = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gated else None
+    outs = []
+    for prefetch in (False, True):
+        cfg = replace(base, prefetch=prefetch)
+        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
+        if gated:
+            y, rstd = trainnorm.rms_norm_gated_forward(case.x, gate, case.weight, EPS)
+            outs.append(trainnorm.rms_norm_gated_backward(case.dy, case.x, gate, case.weight, rstd))
+        else:
+            y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+            dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh)
+            outs.append((dx, dw))
+            if prefetch:
+                check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
+    assert dispatch.backward_plan(41, hidden, torch.bfloat16, True, True, gated).num_chunks == 4
+    for a, b in zip(*outs):
+        assert_bits_equal(a, b, "prefetch vs not")

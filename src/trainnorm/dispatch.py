@@ -20,10 +20,6 @@ from .kernels import dw_combine_kernel, rms_norm_bwd_kernel, rms_norm_fwd_kernel
 # dw forms of the backward kernel (see kernels/backward.py)
 DW_NONE, DW_PARTIAL, DW_ATOMIC, DW_DIRECT = 0, 1, 2, 3
 
-# Combine tile: a constant, so the order in which chunks are added never moves.
-COMBINE_BLOCK_P = 32
-COMBINE_BLOCK_N = 128
-
 
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -241,11 +237,13 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
-            DW_MODE=plan.dw_mode, INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
+            DW_MODE=plan.dw_mode, PREFETCH=cfg.prefetch and plan.col_tiles == 1,
+            INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )
         if plan.dw_mode == DW_PARTIAL:
-            dw_combine_kernel[(cdiv(hidden, COMBINE_BLOCK_N),)](
+            comb = configs.combine_config(hidden)
+            dw_combine_kernel[(cdiv(hidden, comb.block_n),)](
                 partial, dw, plan.num_chunks, hidden,
-                BLOCK_P=COMBINE_BLOCK_P, BLOCK_N=COMBINE_BLOCK_N, num_warps=4,
+                BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps,
             )
     return dx, dw, dz

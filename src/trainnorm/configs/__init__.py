@@ -50,6 +50,9 @@ class BwdConfig:
     # deterministic=False takes the one-launch atomic form from this many rows
     # on (where it was measured faster); below, the deterministic form
     atomic_min_rows: int = 0
+    # issue the next row tile's loads before computing the current one (rows
+    # that fit one tile): timing only, the same operations in the same order
+    prefetch: bool = False
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)
@@ -61,6 +64,24 @@ class BwdConfig:
         rpc = max(self.min_rows_per_chunk, cdiv(rows, self.max_chunks))
         rpc = cdiv(rpc, self.block_m) * self.block_m
         return cdiv(rows, rpc), rpc
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    """Tile of the fixed-order dw combine: a function of H only, so the order
+    in which the chunks' partials are added never moves."""
+    block_p: int       # chunks added per step
+    block_n: int       # columns per program
+    num_warps: int = 4
+
+
+@lru_cache(maxsize=None)
+def combine_config(hidden: int) -> CombineConfig:
+    # Enough programs to spread the partials' read over the GPU (about 2 per
+    # SM of an H200 at H 4096-6144: one program per 128 columns left 32-48
+    # programs reading 8 MB of partials), and 4096 float64 per step.
+    block_n = min(128, max(16, next_pow2(cdiv(hidden, 256))))
+    return CombineConfig(block_p=max(32, min(256, 4096 // block_n)), block_n=block_n)
 
 
 # Widest row held in registers as one tile; wider rows are walked in tiles.

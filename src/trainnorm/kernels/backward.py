@@ -40,6 +40,10 @@ With a gate z (HAS_GATE), s = silu(f32(z)), s' its derivative:
                       dx_j = round(du_j * s_j + f32(dh_j)), dz_j = round(du_j * f32(h_j) * s'_j)
     dw_j = sum over rows of f32(dy_j) * s_j * xhat_j (both forms).
 
+With PREFETCH (rows that fit one tile), the loads of a chunk's next row tile
+are issued before the current one is computed, so two tiles per program are
+in flight: the same operations in the same order, only earlier loads.
+
 The row reduction (c) uses the same tile shape whatever the mode, chunking or
 number of rows, so dx is bitwise identical across modes and batch-invariant.
 """
@@ -101,6 +105,25 @@ def _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE: tl.constexpr):
 
 
 @triton.jit
+def _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n, m_n, NH, stride_ht, stride_hh, stride_dyt, stride_dyh,
+                   stride_zt, stride_zh, TWO_LEVEL: tl.constexpr, HAS_GATE: tl.constexpr):
+    """h, dy (and z) of rows o_m as stored, and their rstd; rows at or past row_end are masked off."""
+    m_m = o_m < row_end
+    mask = m_m[:, None] & m_n[None, :]
+    o_h = row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None] + o_n[None, :]
+    o_dy = row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None] + o_n[None, :]
+    b_h = tl.load(HX + o_h, mask=mask, other=0.0)
+    b_dy = tl.load(DY + o_dy, mask=mask, other=0.0)
+    b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
+    if HAS_GATE:
+        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None] + o_n[None, :]
+        b_z = tl.load(Z + o_z, mask=mask, other=0.0)
+    else:
+        b_z = b_h
+    return b_h, b_dy, b_rstd, b_z
+
+
+@triton.jit
 def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, HAS_WEIGHT: tl.constexpr, HAS_GATE: tl.constexpr):
     """One column tile of a wide row: f32 h, dy, w (as [1, BLOCK_N]) and the gate's z, sigmoid(z)."""
     b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -156,6 +179,7 @@ def rms_norm_bwd_kernel(
     HAS_GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     DW_MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -173,18 +197,31 @@ def rms_norm_bwd_kernel(
         for chunk in tl.range(pid, num_chunks, grid):
             row_start = chunk * rows_per_chunk
             row_end = tl.minimum(row_start + rows_per_chunk, rows)
+            if PREFETCH:
+                p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, row_start + o_mb, row_end, o_n, m_n, NH,
+                                                        stride_ht, stride_hh, stride_dyt, stride_dyh,
+                                                        stride_zt, stride_zh, TWO_LEVEL, HAS_GATE)
             for m0 in tl.range(row_start, row_end, BLOCK_M):
                 o_m = m0 + o_mb
                 m_m = o_m < row_end
                 mask = m_m[:, None] & m_n[None, :]
-                o_h = row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None] + o_n[None, :]
-                o_dy = row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None] + o_n[None, :]
-                b_h = tl.load(HX + o_h, mask=mask, other=0.0).to(tl.float32)
-                b_dy = tl.load(DY + o_dy, mask=mask, other=0.0).to(tl.float32)
-                b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
+                if PREFETCH:
+                    # this tile was loaded during the previous one; issue the next tile's loads now
+                    # (masked off past the chunk), so they are in flight while this one is computed
+                    r_h, r_dy, r_rstd, r_z = p_h, p_dy, p_rstd, p_z
+                    p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, o_m + BLOCK_M, row_end, o_n, m_n, NH,
+                                                            stride_ht, stride_hh, stride_dyt, stride_dyh,
+                                                            stride_zt, stride_zh, TWO_LEVEL, HAS_GATE)
+                else:
+                    r_h, r_dy, r_rstd, r_z = _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n, m_n, NH,
+                                                            stride_ht, stride_hh, stride_dyt, stride_dyh,
+                                                            stride_zt, stride_zh, TWO_LEVEL, HAS_GATE)
+                b_h = r_h.to(tl.float32)
+                b_dy = r_dy.to(tl.float32)
+                b_rstd = r_rstd
                 if HAS_GATE:
-                    o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None] + o_n[None, :]
-                    b_z, b_sig = load_gate(Z, o_z, mask)
+                    b_z = r_z.to(tl.float32)
+                    b_sig = tl.sigmoid(b_z)
                 else:
                     b_z, b_sig = b_h, b_h
                 b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, b_w, b_z, b_sig, HAS_WEIGHT, HAS_GATE, GATE_FIRST)
