@@ -7,6 +7,13 @@ stage 2 sweeps the backward's chunking (min_rows_per_chunk, max_chunks) for
 the best backward tiles over token counts. Prints tables and writes JSON.
 
     python3 tools/tune.py --out DIR [--hidden 512,2048] [--quick]
+
+--sweep-bwd replaces both stages for the backward: every candidate tile,
+prefetch, programs per SM and chunking, timed interleaved at several token
+counts, the best by geomean over those counts (relative to the best at each
+count), then the fast form's edge (atomic_min_rows) for the winner; it writes
+tuned.py (configs/tuned.py with the BWD table replaced, each entry carrying its
+numbers) and sweep.json to --out.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -122,12 +130,150 @@ def stage2(hidden, tile, dev, flush, token_list):
     return res
 
 
+SWEEP_TILES = {   # (block_m, num_warps) around the tiles stage 1 picked
+    512: [(16, 4), (8, 4), (16, 8), (32, 8)],
+    1536: [(2, 8), (1, 4), (2, 4), (4, 8)],
+    2048: [(2, 8), (1, 4), (2, 4), (4, 8)],
+    4096: [(1, 4), (1, 8), (2, 8)],
+    5120: [(1, 8), (1, 16), (2, 16)],
+    6144: [(1, 8), (1, 16), (2, 16)],
+    256: [(32, 4), (16, 4), (64, 8)],
+}
+SWEEP_T = (256, 1024, 4096, 16384, 65536)
+SWEEP_T_HEAD = (1024, 4096, 16384)      # x 24 rows per token
+SWEEP_SCHED = [(c, m) for c in (2, 4) for m in (132, 264, 528)]   # (ctas_per_sm, max_chunks)
+
+
+def _geo(xs):
+    import math
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def sweep_bwd(hidden, dev, flush, log):
+    """{T: {(bm, nw, prefetch, ctas, max_chunks): us}} for the deterministic backward."""
+    toks = SWEEP_T_HEAD if FAMILIES.get(hidden, 1) > 1 else SWEEP_T
+    bn = configs.next_pow2(hidden)
+    res = {}
+    for tokens in toks:
+        x, w, dy, rstd = _inputs(hidden, tokens, dev)
+        rows = rstd.numel()
+        res[tokens] = {}
+        for (bm, nw), pf in itertools.product(SWEEP_TILES[hidden], (False, True)):
+            fns = {}
+            for ctas, mx in SWEEP_SCHED:
+                cfg = BwdConfig(bm, bn, nw, min_rows_per_chunk=bm, max_chunks=mx, ctas_per_sm=ctas, prefetch=pf)
+                _set(bwd=cfg, hidden=hidden)
+                ws = trainnorm.backward_workspace(rows, hidden, device=dev)
+                fns[(bm, nw, pf, ctas, mx)] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+            try:
+                t = time_fns(fns, flush, passes=2, samples=6)
+                res[tokens].update(t)
+            except Exception as e:  # noqa: BLE001 - a tile that fails to compile or spills badly is dropped
+                log(f"  H{hidden} T{tokens} bm{bm} w{nw} pf{int(pf)}: {type(e).__name__}: {str(e)[:80]}")
+        best = min(res[tokens].items(), key=lambda kv: kv[1])
+        log(f"  H{hidden} T{tokens}: best {_key(best[0])} {best[1]:.1f} us")
+        del x, w, dy, rstd
+        torch.cuda.empty_cache()
+    return res
+
+
+def _key(k):
+    bm, nw, pf, ctas, mx = k
+    return f"bm{bm} w{nw}{' pf' if pf else ''} c{ctas} max{mx}"
+
+
+def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det):
+    # the graph captures the launch made with cfg; the table is set before capture and replay alike
+    _set(bwd=cfg, hidden=hidden)
+    return trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det, workspace=ws)
+
+
+def fast_edge(hidden, cfg, dev, flush):
+    """{T: (det us, atomic us)} of cfg with the atomic form forced on."""
+    toks = SWEEP_T_HEAD if FAMILIES.get(hidden, 1) > 1 else SWEEP_T
+    out = {}
+    atomic = replace(cfg, atomic_min_rows=0)
+    for tokens in toks:
+        x, w, dy, rstd = _inputs(hidden, tokens, dev)
+        rows = rstd.numel()
+        ws_d = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=dev)
+        ws_f = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=dev)
+        t = time_fns({"det": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_d, True),
+                      "fast": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_f, False)},
+                     flush, passes=3, samples=6)
+        out[tokens] = (t["det"], t["fast"], rows)
+    return out
+
+
+def render_bwd_table(chosen) -> str:
+    lines = ["BWD: dict = {"]
+    for hidden, c in chosen.items():
+        cfg, note, edge_note = c["cfg"], c["note"], c["edge_note"]
+        lines.append(f"    # {note}")
+        lines.append(f"    ({hidden}, 2): dict(block_m={cfg.block_m}, block_n={cfg.block_n}, num_warps={cfg.num_warps}, "
+                     f"min_rows_per_chunk={cfg.min_rows_per_chunk}, max_chunks={cfg.max_chunks},")
+        lines.append(f"                   ctas_per_sm={cfg.ctas_per_sm}, prefetch={cfg.prefetch},")
+        lines.append(f"                   # {edge_note}")
+        lines.append(f"                   atomic_min_rows={cfg.atomic_min_rows}),")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main_sweep(args, dev, flush, log):
+    import re
+    chosen, raw = {}, {}
+    t0 = time.time()
+    for hidden in [int(h) for h in args.hidden.split(",")]:
+        previous = dict(tuned.BWD.get((hidden, 2), {}))
+        res = sweep_bwd(hidden, dev, flush, log)
+        keys = set.intersection(*(set(v) for v in res.values()))
+        best_t = {t: min(v.values()) for t, v in res.items()}
+        score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in keys}
+        k = min(score, key=score.get)
+        worst = max(res[t][k] / best_t[t] for t in res)
+        bm, nw, pf, ctas, mx = k
+        cfg = BwdConfig(bm, configs.next_pow2(hidden), nw, min_rows_per_chunk=bm, max_chunks=mx,
+                        ctas_per_sm=ctas, prefetch=pf)
+        edge = fast_edge(hidden, cfg, dev, flush)
+        # the atomic form from the smallest measured count from which it is faster at every larger one
+        toks = sorted(edge)
+        start = None
+        for i, t in enumerate(toks):
+            if all(edge[u][1] <= edge[u][0] for u in toks[i:]):
+                start = t
+                break
+        rows_per_token = FAMILIES.get(hidden, 1)
+        amr = 1 << 40 if start is None else (0 if start == toks[0] else start * rows_per_token)
+        cfg = replace(cfg, atomic_min_rows=amr)
+        times = ", ".join(f"T{t} {res[t][k]:.1f}" for t in sorted(res))
+        note = (f"{_key(k)}: {times} us; x{score[k]:.3f} geomean, worst x{worst:.2f} of the best per T "
+                f"over {len(keys)} candidates")
+        edge_note = "det/atomic us: " + ", ".join(f"T{t} {edge[t][0]:.1f}/{edge[t][1]:.1f}" for t in toks)
+        chosen[hidden] = dict(cfg=cfg, note=note, edge_note=edge_note)
+        raw[hidden] = {"times": {str(t): {_key(kk): v for kk, v in r.items()} for t, r in res.items()},
+                       "chosen": _key(k), "score": score[k], "edge": {str(t): v for t, v in edge.items()},
+                       "previous": previous}
+        log(f"H{hidden}: {note} | {edge_note} | atomic_min_rows {amr}  ({time.time() - t0:.0f}s)")
+        with open(os.path.join(args.out, "sweep.json"), "w") as f:
+            json.dump(raw, f, indent=1)
+    src = open(tuned.__file__).read()
+    table = render_bwd_table(chosen)
+    kept = "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
+                   for key, entry in tuned.BWD.items() if key[0] not in chosen)
+    table = table[:-2] + kept + "}\n"
+    new = re.sub(r"BWD: dict = \{.*?\n\}\n", lambda m: table, src, flags=re.S)
+    with open(os.path.join(args.out, "tuned.py"), "w") as f:
+        f.write(new)
+    log(f"wrote {os.path.join(args.out, 'tuned.py')}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="tune-out")
     p.add_argument("--hidden", default=",".join(str(h) for h in FAMILIES))
     p.add_argument("--tokens1", type=int, default=16384)
     p.add_argument("--tokens2", default="16,256,1024,4096,16384,65536")
+    p.add_argument("--sweep-bwd", action="store_true", help="sweep the backward and write tuned.py (see above)")
     args = p.parse_args()
     dev = "cuda"
     flush = L2Flush(dev)
@@ -137,6 +283,12 @@ def main():
     def log(s):
         print(s, flush=True)
         log_lines.append(s)
+
+    if args.sweep_bwd:
+        main_sweep(args, dev, flush, log)
+        with open(os.path.join(args.out, "tune.txt"), "w") as f:
+            f.write("\n".join(log_lines) + "\n")
+        return
 
     results = {}
     t0 = time.time()
