@@ -22,12 +22,29 @@ def by_id():
 # --- rows -----------------------------------------------------------------------------------
 
 def test_row_counts_and_unique_ids():
-    seed, small = shapes.seed_rows(), shapes.small_t_rows()
-    assert len(seed) == 78 and len(small) == 20
-    ids = [r.id for r in seed + small]
-    assert len(set(ids)) == 98
-    assert all(not r.small_t for r in seed) and all(r.small_t for r in small)
+    seed, small, gated = shapes.seed_rows(), shapes.small_t_rows(), shapes.gated_rows()
+    assert len(seed) == 78 and len(small) == 20 and len(gated) == 7
+    ids = [r.id for r in seed + small + gated]
+    assert len(set(ids)) == 105
+    assert [r.group for r in seed + small + gated] == ["seed"] * 78 + ["small_t"] * 20 + ["gated"] * 7
     assert sorted(r.id for r in shapes.all_rows()) == sorted(ids)
+
+
+def test_gated_rows_bytes_and_data():
+    row = next(r for r in shapes.gated_rows() if r.id == "H4096 T1024 gate")
+    n = 1024 * 4096
+    # the gate is read in the forward; read and its gradient written in the backward
+    assert shapes.op_bytes(row, "fwd") == 3 * 2 * n + 4096 * 2 + 1024 * 4
+    assert shapes.op_bytes(row, "bwd") == 5 * 2 * n + 4096 * 2 + 1024 * 4 + 4096 * 4
+    d = impls.make_row_data(shapes.Row(64, 5, gated=True), "cpu")
+    assert d.z is not None and d.z.shape == d.x.shape
+    # trainnorm's and the explicit FP32 reference's dw of the gated norm, both against FP64
+    for impl in (impls.Eager(), impls.Trainnorm(True)):
+        impl.begin_row(d)
+        err, dtype = impls.dw_check(impl, d)
+        impl.end_row()
+        assert dtype == "float32" and err < 0.05, (impl.name, err)
+    assert impls.Quack().skip_reason(d.row) and impls.Liger().skip_reason(d.row)
 
 
 def test_families():
@@ -75,7 +92,8 @@ def test_select_rows_substring_and_regex():
     assert len(shapes.select_rows(rows, ["res w32"])) == 7
     assert len(shapes.select_rows(rows, ["res w32", "res w32"])) == 7
     assert shapes.select_rows(rows, ["H9999"]) == []
-    assert len(shapes.select_rows(rows, None)) == 98
+    assert len(shapes.select_rows(rows, None)) == 105
+    assert len(shapes.select_rows(rows, ["gate"])) == 7
 
 
 # --- bytes and floor ------------------------------------------------------------------------
@@ -325,7 +343,7 @@ def test_main_rejects_bad_arguments(monkeypatch, capsys):
 def test_main_list(capsys):
     assert run.main(["--list"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("98 rows x 3 ops") and "[T,24,256] T65536" in out and "quack-autotune" not in out
+    assert out.startswith("105 rows x 3 ops") and "[T,24,256] T65536" in out and "quack-autotune" not in out
     assert run.main(["--list", "--quick", "--ops", "bwd", "--quack-autotune"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(shapes.QUICK_IDS)} rows x 1 ops") and "quack-autotune" in out

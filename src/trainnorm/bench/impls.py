@@ -66,6 +66,7 @@ class RowData:
     r: torch.Tensor | None = None   # residual
     dh: torch.Tensor | None = None  # gradient reaching h (residual rows)
     base: torch.Tensor | None = None  # storage behind the strided per-head view
+    z: torch.Tensor | None = None   # gate (gated rows), like x
 
     @property
     def hidden(self) -> int:
@@ -96,7 +97,8 @@ def make_row_data(row: Row, device, seed: int = 0) -> RowData:
     dy = randn(*row.shape)
     r = randn(*row.shape) if row.residual else None
     dh = randn(*row.shape) if row.residual else None
-    return RowData(row, x, w, dy, r, dh, base)
+    z = randn(*row.shape) if row.gated else None
+    return RowData(row, x, w, dy, r, dh, base, z)
 
 
 # --- the explicit FP32-statistics reference (eager and torch.compile) -----------------------
@@ -116,6 +118,30 @@ def ref_forward_residual(x, w, r):
     rstd = torch.rsqrt(hf.square().mean(-1) + EPS)
     y = (hf * rstd.unsqueeze(-1) * w.float()).to(x.dtype)
     return y, rstd, h
+
+
+def ref_forward_gated(x, w, z):
+    """y = round(f32(x) * rstd * f32(w) * silu(f32(z))); returns (y, rstd)."""
+    hf = x.float()
+    rstd = torch.rsqrt(hf.square().mean(-1) + EPS)
+    y = (hf * rstd.unsqueeze(-1) * w.float() * torch.nn.functional.silu(z.float())).to(x.dtype)
+    return y, rstd
+
+
+def ref_backward_gated(dy, x, w, z, rstd):
+    """(dx, dw, dz) of the gated norm (norm, then gate) in FP32; dw is FP32 [H]."""
+    hidden = x.shape[-1]
+    zf = z.float()
+    sig = torch.sigmoid(zf)
+    s = zf * sig
+    xhat = x.float() * rstd.unsqueeze(-1)
+    dys = dy.float() * s
+    g = dys * w.float()
+    c = (g * xhat).mean(-1, keepdim=True)
+    dx = rstd.unsqueeze(-1) * (g - xhat * c)
+    dz = dy.float() * xhat * w.float() * (sig * (1 + zf * (1 - sig)))
+    dw = (dys * xhat).reshape(-1, hidden).sum(0)
+    return dx.to(x.dtype), dw, dz.to(z.dtype)
 
 
 def ref_backward(dy, h, w, rstd, dh):
@@ -143,19 +169,21 @@ def _fresh(fn):
 
 # --- accuracy ------------------------------------------------------------------------------
 
-def reference_dw(dy, h, w, rstd, dh=None, chunk_elems: int = 1 << 25) -> torch.Tensor:
+def reference_dw(dy, h, w, rstd, dh=None, gate=None, chunk_elems: int = 1 << 25) -> torch.Tensor:
     """FP64 dw of the formula at the given rstd (``reference.backward_fp64``), in row
     chunks so that the FP64 temporaries of a 65536 x 6144 row stay small."""
     hidden = h.shape[-1]
     dy2, h2 = dy.reshape(-1, hidden), h.reshape(-1, hidden)
     dh2 = dh.reshape(-1, hidden) if dh is not None else None
+    z2 = gate.reshape(-1, hidden) if gate is not None else None
     r2 = rstd.reshape(-1)
     step = max(1, chunk_elems // hidden)
     acc = torch.zeros(hidden, dtype=torch.float64, device=h.device)
     for i in range(0, h2.shape[0], step):
         sl = slice(i, i + step)
-        _, dw = reference.backward_fp64(dy2[sl], h2[sl], w, r2[sl], dh2[sl] if dh2 is not None else None)
-        acc += dw
+        out = reference.backward_fp64(dy2[sl], h2[sl], w, r2[sl], dh2[sl] if dh2 is not None else None,
+                                      z2[sl] if z2 is not None else None)
+        acc += out[1]
     return acc
 
 
@@ -166,7 +194,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def dw_check(impl: "Impl", d: RowData) -> tuple[float, str]:
     """(err/tol, dw dtype) of the implementation's dw on this row."""
     dw, h, rstd = impl.compute_dw(d)
-    ref = reference_dw(d.dy, h, d.w, rstd.float(), d.dh)
+    ref = reference_dw(d.dy, h, d.w, rstd.float(), d.dh, d.z)
     return reference.dw_err_over_tol(dw, ref), dtype_name(dw.dtype)
 
 
@@ -250,10 +278,17 @@ class Trainnorm(Impl):
         self.ws = None
 
     def forward(self, d):
+        if d.z is not None:
+            y, rstd = trainnorm.rms_norm_gated_forward(d.x, d.z, d.w, EPS)
+            return y, rstd, d.x
         return trainnorm.rms_norm_forward(d.x, d.w, EPS, residual=d.r)   # (y, rstd, h)
 
     def backward(self, d, state):
         _, rstd, h = state
+        if d.z is not None:
+            dx, _, dw = trainnorm.rms_norm_gated_backward(d.dy, h, d.z, d.w, rstd, deterministic=self.deterministic,
+                                                          workspace=self.ws)
+            return dx, dw
         return trainnorm.rms_norm_backward(d.dy, h, d.w, rstd, dh=d.dh,
                                            deterministic=self.deterministic, workspace=self.ws)
 
@@ -268,13 +303,16 @@ class Eager(Impl):
     description = "PyTorch eager, explicit FP32-statistics reference"
 
     def _fns(self):
-        return ref_forward, ref_forward_residual, ref_backward
+        return ref_forward, ref_forward_residual, ref_backward, ref_forward_gated, ref_backward_gated
 
     def version(self):
         return torch.__version__
 
     def forward(self, d):
-        fwd, fwd_res, _ = self._fns()
+        fwd, fwd_res, _, fwd_gated, _ = self._fns()
+        if d.z is not None:
+            y, rstd = fwd_gated(d.x, d.w, d.z)
+            return y, rstd, d.x
         if d.r is None:
             y, rstd = fwd(d.x, d.w)
             return y, rstd, d.x
@@ -282,6 +320,9 @@ class Eager(Impl):
 
     def backward(self, d, state):
         _, rstd, h = state
+        if d.z is not None:
+            dx, dw, _ = self._fns()[4](d.dy, h, d.w, d.z, rstd)
+            return dx, dw
         return self._fns()[2](d.dy, h, d.w, rstd, d.dh)
 
     def saved(self, d, state):
@@ -308,7 +349,7 @@ class Compiled(Eager):
         def comp(fn):
             return torch.compile(_fresh(fn), mode=self.mode, dynamic=False, fullgraph=True)
 
-        self._compiled = (comp(ref_forward), comp(ref_forward_residual), comp(ref_backward))
+        self._compiled = tuple(comp(f) for f in Eager._fns(self))
 
     def end_row(self):
         self._compiled = None
@@ -355,6 +396,9 @@ class Quack(Impl):
             return getattr(quack, "__version__", None) or _dist_version("quack-kernels")
         except Exception:  # noqa: BLE001
             return None
+
+    def skip_reason(self, row):
+        return "no gated norm" if row.gated else None
 
     def forward(self, d):
         out, res_out, rstd = self.qr.rmsnorm_fwd(d.flat(d.x), d.w, residual=d.flat(d.r), eps=EPS,
@@ -436,6 +480,8 @@ class Liger(Impl):
     def skip_reason(self, row):
         if row.residual:
             return "no fused residual add"
+        if row.gated:
+            return "no gated norm"
         return None
 
     def row_note(self, row):
@@ -503,6 +549,8 @@ class TransformerEngine(Impl):
     def skip_reason(self, row):
         if row.residual:
             return "no fused residual add"
+        if row.gated:
+            return "no gated norm"
         return None
 
     def begin_row(self, d):

@@ -26,7 +26,7 @@ DW_BUDGET = 1.0
 TRAINNORM_DET = "trainnorm"
 TRAINNORM_FAST = "trainnorm-fast"
 TRAINNORM_NAMES = (TRAINNORM_DET, TRAINNORM_FAST)
-GROUPS = (("seed", "78-shape list"), ("small_t", "small T"))
+GROUPS = (("seed", "78-shape list"), ("small_t", "small T"), ("gated", "gated"))
 
 
 @dataclass
@@ -151,7 +151,7 @@ def summarize(comparisons: list[Comparison]) -> list[dict]:
     out = []
     for group, _ in GROUPS:
         for op in shapes.OPS:
-            cs = [c for c in comparisons if c.op == op and (c.row.small_t == (group == "small_t"))]
+            cs = [c for c in comparisons if c.op == op and c.row.group == group]
             if not cs:
                 continue
             det = [c.ratio_det for c in cs if c.ratio_det is not None]

@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out", help="output folder for bench.md, bench.json, *.png")
     p.add_argument("--quack-autotune", action="store_true",
                    help="also time QuACK with its exhaustive per-shape autotune (slow: minutes per shape)")
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="before timing, run every selected row's implementations once in N worker "
+                        "processes, so that their compiles (torch.compile, QuACK's CuTe DSL, Triton) land in "
+                        "the on-disk caches in parallel; the timing process then loads them. 0: no warm-up")
     p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
     p.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
                    help="run nothing: merge the bench.json files of runs over different rows into one "
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(f"{len(rows)} rows x {len(ops)} ops ({', '.join(ops)}); implementations: {', '.join(names)}")
         for r in rows:
-            print(f"  {r.id}{'  (small T)' if r.small_t else ''}")
+            print(f"  {r.id}{'  (small T)' if r.small_t else ''}{'  (gated)' if r.gated else ''}")
         return 0
     if not torch.cuda.is_available():
         return _err("no CUDA GPU is visible (torch.cuda.is_available() is False). The benchmark times "
@@ -301,6 +305,63 @@ def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.
     return out
 
 
+# --- parallel compile warm-up -----------------------------------------------------------------
+
+def _warm_worker(row_ids: list[str], ops: list[str], names: list[str]) -> tuple[int, float, list[str]]:
+    """Run each row's implementations once per op (no timing): fills the compile caches."""
+    t0 = time.time()
+    by_id = {r.id: r for r in shapes.all_rows()}
+    impls = [i for i in make_impls(quack_autotune="quack-autotune" in names) if i.name in names and i.available()]
+    device = torch.device("cuda", torch.cuda.current_device())
+    errors = []
+    for rid in row_ids:
+        row = by_id[rid]
+        d = make_row_data(row, device, SEED)
+        for impl in impls:
+            if impl.skip_reason(row):
+                continue
+            try:
+                impl.begin_row(d)
+                for op in ops:
+                    impl.prepare(d, op)()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - the timing process reports failures itself
+                errors.append(f"{rid} {impl.name}: {first_line(exc)}")
+                _recover()
+            finally:
+                impl.end_row()
+        del d
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.compiler.reset()
+    return len(row_ids), time.time() - t0, errors
+
+
+def warm_caches(rows: list[shapes.Row], ops: list[str], names: list[str], jobs: int) -> None:
+    """Compile every row's implementations in `jobs` processes, rows dealt round-robin.
+
+    What runs there is the implementations' first calls: compiles (CPU), and
+    the benchmarking inside torch.compile's max-autotune, which then shares the
+    GPU with the other workers' first calls. The timing afterwards is done by
+    this process alone."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    t0 = time.time()
+    shares = [[r.id for r in rows[i::jobs]] for i in range(jobs)]
+    shares = [s for s in shares if s]
+    print(f"trainnorm bench: compiling {len(rows)} rows in {len(shares)} processes", file=sys.stderr)
+    with cf.ProcessPoolExecutor(max_workers=len(shares), mp_context=mp.get_context("spawn")) as ex:
+        futs = [ex.submit(_warm_worker, s, ops, names) for s in shares]
+        for f in cf.as_completed(futs):
+            try:
+                n, dt, errors = f.result()
+                print(f"trainnorm bench: warm-up worker done: {n} rows in {dt:.0f} s"
+                      + (f"; {len(errors)} failures, first: {errors[0]}" if errors else ""), file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001
+                print(f"trainnorm bench: warm-up worker failed ({first_line(exc)})", file=sys.stderr)
+    print(f"trainnorm bench: warm-up took {time.time() - t0:.0f} s", file=sys.stderr)
+
+
 # --- the run --------------------------------------------------------------------------------
 
 def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples: int) -> int:
@@ -317,6 +378,8 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
     if not active:
         return _err("none of the selected implementations is available")
 
+    if args.jobs > 0:
+        warm_caches(rows, ops, [i.name for i in active], args.jobs)
     stream = torch.cuda.Stream(device)
     interrupted = False
     with torch.cuda.device(device), torch.cuda.stream(stream):
@@ -329,6 +392,8 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
             "L2 flush": f"{timing.FLUSH_BYTES >> 20} MB written before every sample",
             "dw budget": f"err/tol <= {DW_BUDGET:g} and float32 dw for a matched bwd/step peer",
             "torch.compile": "dynamic=False, fullgraph=True, emulate_precision_casts=True",
+            "compile warm-up": (f"{args.jobs} processes filled the compile caches before timing" if args.jobs > 0
+                                else "none: each implementation compiled in the timing process"),
         }
         print(f"trainnorm bench: {env['gpu']} ({env['sm_count']} SMs); measuring copy bandwidth", file=sys.stderr)
         bw = timing.copy_bandwidth(device)

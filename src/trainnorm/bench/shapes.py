@@ -11,6 +11,10 @@ The 78 shapes ("seed" rows, the list SPEC section 6 names):
 Small-T rows (20): T 1, 4, 16, 64 of H 2048, 4096, 5120, 6144 and residual H 6144,
 where launch latency and the dw reduction's fixed cost dominate.
 
+Gated rows (7, outside the 78): the SiLU-gated norm y = rmsnorm(x) * w * silu(z),
+H 4096 at T 1024, 4096, 16384, 65536 and the per-head [T, 32, 128] at T 1024,
+4096, 16384 (contiguous), against the peers that have a gated norm.
+
 Ops: ``fwd``; ``bwd``; ``step`` = fwd + fwd + bwd in one graph (activation
 checkpointing recomputes the forward before the backward).
 
@@ -71,6 +75,7 @@ class Row:
     residual: bool = False
     w32: bool = False       # FP32 weight (BF16 otherwise)
     small_t: bool = False   # one of the 20 small-T rows, not one of the 78
+    gated: bool = False     # the SiLU-gated norm (gate z like x), not one of the 78
 
     @property
     def per_head(self) -> bool:
@@ -79,12 +84,14 @@ class Row:
     @property
     def family(self) -> str:
         if self.per_head:
-            return f"[T,{self.heads},{self.hidden}]"
+            return f"[T,{self.heads},{self.hidden}]" + (" gate" if self.gated else "")
         name = f"H{self.hidden}"
         if self.residual:
             name += " res"
         if self.w32:
             name += " w32"
+        if self.gated:
+            name += " gate"
         return name
 
     @property
@@ -97,6 +104,8 @@ class Row:
             parts.append("res")
         if self.w32:
             parts.append("w32")
+        if self.gated:
+            parts.append("gate")
         return " ".join(parts)
 
     @property
@@ -115,8 +124,13 @@ class Row:
         return 4 if self.w32 else 2
 
     @property
+    def group(self) -> str:
+        """The summary group: 'seed' (the 78), 'small_t' or 'gated'."""
+        return "gated" if self.gated else ("small_t" if self.small_t else "seed")
+
+    @property
     def seed(self) -> bool:
-        return not self.small_t
+        return self.group == "seed"
 
 
 def _family_rows(hidden: int, tokens, **kw) -> list[Row]:
@@ -146,19 +160,29 @@ def small_t_rows() -> list[Row]:
     return rows
 
 
+GATED_T = (1024, 4096, 16384, 65536)
+GATED_HEAD_T = (1024, 4096, 16384)
+
+
+def gated_rows() -> list[Row]:
+    """The SiLU-gated norm: H 4096 and the per-head [T, 32, 128] (7 rows)."""
+    return (_family_rows(4096, GATED_T, gated=True)
+            + _family_rows(128, GATED_HEAD_T, heads=32, gated=True))
+
+
 def family_order() -> list[str]:
     """Families in the order of the report and the plots."""
     out: list[str] = []
-    for r in seed_rows() + small_t_rows():
+    for r in seed_rows() + small_t_rows() + gated_rows():
         if r.family not in out:
             out.append(r.family)
     return out
 
 
 def all_rows() -> list[Row]:
-    """The 78 shapes and the small-T rows together, grouped by family, T ascending."""
+    """The 78 shapes, the small-T and the gated rows, grouped by family, T ascending."""
     order = {f: i for i, f in enumerate(family_order())}
-    return sorted(seed_rows() + small_t_rows(), key=lambda r: (order[r.family], r.tokens))
+    return sorted(seed_rows() + small_t_rows() + gated_rows(), key=lambda r: (order[r.family], r.tokens))
 
 
 def quick_rows() -> list[Row]:
@@ -190,18 +214,19 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
 def op_bytes(row: Row, op: str) -> int:
     """Bytes an op must move between DRAM and the SMs, at least.
 
-    fwd:  x read, y written (+ residual read, h written), weight read, rstd written.
-    bwd:  h read, dy read, dx written (+ dh read), weight read, rstd read, dw written.
+    fwd:  x read, y written (+ residual read, h written; + gate read), weight read, rstd written.
+    bwd:  h read, dy read, dx written (+ dh read; + gate read, its gradient written), weight
+          read, rstd read, dw written.
     step: 2 x fwd + bwd.
     """
     n = row.rows * row.hidden
     weight = row.hidden * row.weight_bytes
     rstd = row.rows * RSTD_BYTES
     if op == "fwd":
-        streams = 4 if row.residual else 2
+        streams = (4 if row.residual else 2) + row.gated
         return n * streams * ACT_BYTES + weight + rstd
     if op == "bwd":
-        streams = 4 if row.residual else 3
+        streams = (4 if row.residual else 3) + 2 * row.gated
         return n * streams * ACT_BYTES + weight + rstd + row.hidden * DW_BYTES
     if op == "step":
         return 2 * op_bytes(row, "fwd") + op_bytes(row, "bwd")
