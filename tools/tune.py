@@ -219,8 +219,21 @@ def render_bwd_table(chosen) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main_sweep(args, dev, flush, log):
+def write_tuned(chosen, path):
     import re
+    src = open(tuned.__file__).read()
+    table = render_bwd_table(chosen)
+    kept = "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
+                   for key, entry in ORIGINAL_BWD.items() if key[0] not in chosen)
+    table = table[:-2] + kept + "}\n"
+    with open(path, "w") as f:
+        f.write(re.sub(r"BWD: dict = \{.*?\n\}\n", lambda m: table, src, flags=re.S))
+
+
+ORIGINAL_BWD = dict(tuned.BWD)
+
+
+def main_sweep(args, dev, flush, log):
     chosen, raw = {}, {}
     t0 = time.time()
     for hidden in [int(h) for h in args.hidden.split(",")]:
@@ -256,14 +269,8 @@ def main_sweep(args, dev, flush, log):
         log(f"H{hidden}: {note} | {edge_note} | atomic_min_rows {amr}  ({time.time() - t0:.0f}s)")
         with open(os.path.join(args.out, "sweep.json"), "w") as f:
             json.dump(raw, f, indent=1)
-    src = open(tuned.__file__).read()
-    table = render_bwd_table(chosen)
-    kept = "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
-                   for key, entry in tuned.BWD.items() if key[0] not in chosen)
-    table = table[:-2] + kept + "}\n"
-    new = re.sub(r"BWD: dict = \{.*?\n\}\n", lambda m: table, src, flags=re.S)
-    with open(os.path.join(args.out, "tuned.py"), "w") as f:
-        f.write(new)
+        # rewritten after every width, so a run cut short keeps what it chose
+        write_tuned(chosen, os.path.join(args.out, "tuned.py"))
     log(f"wrote {os.path.join(args.out, 'tuned.py')}")
 
 

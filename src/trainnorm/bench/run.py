@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="before timing, run every selected row's implementations once in N worker "
                         "processes, so that their compiles (torch.compile, QuACK's CuTe DSL, Triton) land in "
                         "the on-disk caches in parallel; the timing process then loads them. 0: no warm-up")
+    p.add_argument("--skip-done", metavar="BENCH_JSON",
+                   help="leave out the rows that this earlier bench.json measured (finish a run cut "
+                        "short; join the two with --merge)")
     p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
     p.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
                    help="run nothing: merge the bench.json files of runs over different rows into one "
@@ -96,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     if not ops or bad:
         return _err(f"--ops must be a comma-separated subset of {','.join(shapes.OPS)}, got {args.ops!r}")
     rows = shapes.select_rows(shapes.quick_rows() if args.quick else shapes.all_rows(), args.shapes)
+    if args.skip_done:
+        with open(args.skip_done) as f:
+            done = {r["id"] for r in json.load(f)["rows"]}
+        rows = [r for r in rows if r.id not in done]
+        if not rows:
+            print(f"trainnorm bench: every selected row is in {args.skip_done}", file=sys.stderr)
+            return 0
     if not rows:
         return _err(f"no row id matches --shapes {args.shapes}; `trainnorm bench --list` prints the ids")
     if args.impls is None:
