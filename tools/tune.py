@@ -131,7 +131,7 @@ def stage2(hidden, tile, dev, flush, token_list):
 
 
 SWEEP_TILES = {   # (block_m, num_warps) around the tiles stage 1 picked
-    512: [(16, 4), (8, 4), (16, 8), (32, 8)],
+    512: [(16, 4), (8, 4), (4, 4), (16, 8), (8, 8)],
     1536: [(2, 8), (1, 4), (2, 4), (4, 8)],
     2048: [(2, 8), (1, 4), (2, 4), (4, 8)],
     4096: [(1, 4), (1, 8), (2, 8)],
@@ -196,6 +196,7 @@ def fast_edge(hidden, cfg, dev, flush):
     for tokens in toks:
         x, w, dy, rstd = _inputs(hidden, tokens, dev)
         rows = rstd.numel()
+        _set(bwd=atomic, hidden=hidden)   # the workspaces are sized by the table
         ws_d = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=dev)
         ws_f = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=dev)
         t = time_fns({"det": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_d, True),
