@@ -15,6 +15,7 @@ from .functional import (
 )
 from .modules import RMSNorm, RMSNormGated
 from .ops import RMSNormFunction
+from . import integrations  # matches HF modules by name and behaviour; never imports transformers
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,268 @@
+"""Hugging Face transformers integration: swap a model's RMSNorm modules for trainnorm's.
+
+``patch_transformers(model)`` replaces, in place, the RMSNorm modules of
+Llama-, Qwen2-, Qwen3- and Qwen3-Next-style models (and any other module whose
+class name contains ``RMSNorm`` and whose behaviour is recognised). transformers
+itself is never imported here: modules are matched by class name and then
+classified by a numerical probe of their own forward, so the swap never changes
+the math silently.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+from torch import nn
+
+from .functional import rms_norm, rms_norm_gated
+from .modules import RMSNorm, RMSNormGated
+
+__all__ = ["patch_transformers", "plan_transformers", "OffsetRMSNorm", "OffsetRMSNormGated"]
+
+# Kinds of norm the probe recognises: (gated, norm_before_gate, weight offset)
+_KINDS = {
+    "rmsnorm": (False, True, 0.0),             # rms_norm(x) * w                   (Llama, Qwen2, Qwen3)
+    "rmsnorm_offset": (False, True, 1.0),      # rms_norm(x) * (1 + w)             (Qwen3-Next, Gemma)
+    "gated": (True, True, 0.0),                # rms_norm(x) * w * silu(gate)      (Qwen3-Next's gated norm)
+    "gated_offset": (True, True, 1.0),         # rms_norm(x) * (1 + w) * silu(gate)
+    "gated_after": (True, False, 0.0),         # rms_norm(x * silu(gate)) * w
+    "gated_after_offset": (True, False, 1.0),  # rms_norm(x * silu(gate)) * (1 + w)
+}
+
+_PROBE_ROWS = 8
+_PROBE_RTOL = 1e-4
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm with ``(1 + weight)`` scaling: ``rms_norm(x) * (1 + weight)``.
+
+    Holds the original ``weight`` parameter (zero-centred, as stored in the
+    checkpoint) and calls :func:`trainnorm.rms_norm` with ``1 + weight.float()``
+    (float32, differentiable), so gradients reach ``weight`` unchanged.
+    """
+
+    def __init__(self, weight: nn.Parameter, eps, *, offset: float = 1.0, deterministic: bool = True):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+        self.offset = offset
+        self.deterministic = deterministic
+        self.normalized_shape = tuple(weight.shape)
+
+    def forward(self, x):
+        return rms_norm(x, self.weight.float() + self.offset, self.eps, deterministic=self.deterministic)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, offset={self.offset}, deterministic={self.deterministic}"
+
+
+class OffsetRMSNormGated(OffsetRMSNorm):
+    """Gated form of :class:`OffsetRMSNorm`: ``forward(x, gate)`` with
+    ``(1 + weight)`` scaling, through :func:`trainnorm.rms_norm_gated`."""
+
+    def __init__(self, weight: nn.Parameter, eps, *, offset: float = 1.0, norm_before_gate: bool = True,
+                 deterministic: bool = True):
+        super().__init__(weight, eps, offset=offset, deterministic=deterministic)
+        self.norm_before_gate = norm_before_gate
+
+    def forward(self, x, gate):
+        return rms_norm_gated(x, gate, self.weight.float() + self.offset, self.eps,
+                              norm_before_gate=self.norm_before_gate, deterministic=self.deterministic)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", norm_before_gate={self.norm_before_gate}"
+
+
+# --- matching and probing ------------------------------------------------------------------
+
+def _is_candidate(module: nn.Module) -> bool:
+    cls = type(module)
+    if cls.__module__.startswith("trainnorm"):
+        return False
+    return "rmsnorm" in cls.__name__.lower()
+
+
+def _eps_of(module: nn.Module):
+    for name in ("variance_epsilon", "eps"):
+        if hasattr(module, name):
+            return True, getattr(module, name)
+    return False, None
+
+
+def _forward_arity(module: nn.Module):
+    """(required positional inputs, total positional inputs) of module.forward, or None."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    required = [p for p in positional if p.default is p.empty]
+    return len(required), len(positional)
+
+
+def _reference(x, gate, w, eps, kind):
+    """float64 value of the recognised kind."""
+    gated, before, offset = _KINDS[kind]
+    x, w = x.double(), w.double() + offset
+    if gated and not before:
+        x = x * torch.nn.functional.silu(gate.double())
+    y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
+    if gated and before:
+        y = y * torch.nn.functional.silu(gate.double())
+    return y
+
+
+def _classify(module: nn.Module):
+    """The kind of `module` (a key of _KINDS), or (None, reason)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
+        return None, "no 1-D `weight` parameter"
+    if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None, f"weight dtype {weight.dtype} is not supported"
+    found, eps = _eps_of(module)
+    if not found:
+        return None, "no `variance_epsilon` or `eps` attribute"
+    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0):
+        return None, f"eps {eps!r} is not a positive number"
+    arity = _forward_arity(module)
+    if arity is None:
+        return None, "forward signature not understood"
+    required, total = arity
+    if required == 1 and total == 1:
+        gated = False
+    elif required == 2 and total == 2:
+        gated = True
+    else:
+        return None, f"forward takes {required} required of {total} positional inputs (expected (x) or (x, gate))"
+
+    hidden = weight.shape[0]
+    device = weight.device if weight.device.type != "meta" else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(_PROBE_ROWS, hidden, generator=gen).to(device)
+    g = torch.randn(_PROBE_ROWS, hidden, generator=gen).to(device)
+    w = (torch.rand(hidden, generator=gen) * 2 - 1).to(device)   # values where w and 1 + w differ clearly
+    probe_eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
+    try:
+        with torch.no_grad():
+            out = torch.func.functional_call(module, {"weight": w}, (x, g) if gated else (x,))
+    except Exception as exc:  # noqa: BLE001 - any failure means: leave it alone
+        return None, f"probe forward raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        return None, "probe forward did not return a tensor of the input's shape"
+    out = out.detach().double().cpu()
+    for kind, (k_gated, _, _) in _KINDS.items():
+        if k_gated != gated:
+            continue
+        ref = _reference(x.cpu(), g.cpu(), w.cpu(), probe_eps, kind)
+        if torch.allclose(out, ref, rtol=_PROBE_RTOL, atol=_PROBE_RTOL * float(ref.abs().max())):
+            return kind, None
+    return None, "output matches none of rms_norm(x)*w, rms_norm(x)*(1+w) (or their gated forms)"
+
+
+def _replacement(module: nn.Module, kind: str, deterministic: bool) -> nn.Module:
+    gated, before, offset = _KINDS[kind]
+    _, eps = _eps_of(module)
+    weight = module.weight
+    if offset:
+        if gated:
+            new = OffsetRMSNormGated(weight, eps, offset=offset, norm_before_gate=before, deterministic=deterministic)
+        else:
+            new = OffsetRMSNorm(weight, eps, offset=offset, deterministic=deterministic)
+    else:
+        if gated:
+            new = RMSNormGated(weight.shape[0], eps, norm_before_gate=before, device="meta", dtype=weight.dtype,
+                               deterministic=deterministic)
+        else:
+            new = RMSNorm(weight.shape[0], eps, device="meta", dtype=weight.dtype, deterministic=deterministic)
+        new.weight = weight                     # the same Parameter: optimizers and tied references keep working
+    new.train(module.training)
+    return new
+
+
+def plan_transformers(model: nn.Module) -> dict[str, str]:
+    """What :func:`patch_transformers` would do, without changing anything.
+
+    Returns ``{qualified module name: kind}`` for every candidate module (class
+    name containing ``RMSNorm``), where kind is one of ``"rmsnorm"``,
+    ``"rmsnorm_offset"``, ``"gated"``, ``"gated_offset"``, ``"gated_after"``,
+    ``"gated_after_offset"``, or ``"skip: <reason>"`` for a module that would be
+    left untouched.
+    """
+    plan: dict[str, str] = {}
+    seen: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if not name or not _is_candidate(module):
+            continue
+        if id(module) in seen:                  # a shared module: classify once
+            plan[name] = seen[id(module)]
+            continue
+        kind, reason = _classify(module)
+        plan[name] = seen[id(module)] = kind if kind is not None else f"skip: {reason}"
+    return plan
+
+
+def patch_transformers(model: nn.Module, *, deterministic: bool = True) -> int:
+    """Replace, in place, the RMSNorm modules of a transformers model with trainnorm's.
+
+    Each module whose class name contains ``RMSNorm`` (``LlamaRMSNorm``,
+    ``Qwen2RMSNorm``, ``Qwen3RMSNorm``, ``Qwen3NextRMSNorm``,
+    ``Qwen3NextRMSNormGated``, ``GemmaRMSNorm``, ...) is classified by running
+    its own forward on a small random float32 input with a probe weight, and
+    comparing the output with each form trainnorm computes:
+
+    * ``rms_norm(x) * w`` (Llama, Qwen2, Qwen3) -> :class:`trainnorm.RMSNorm`;
+    * ``rms_norm(x) * w * silu(gate)`` (Qwen3-Next's gated norm) ->
+      :class:`trainnorm.RMSNormGated` (``rms_norm(x * silu(gate)) * w`` with
+      ``norm_before_gate=False``);
+    * ``rms_norm(x) * (1 + w)`` (Qwen3-Next's ``Qwen3NextRMSNorm``, Gemma) ->
+      :class:`OffsetRMSNorm`, which keeps the zero-centred weight and calls
+      :func:`trainnorm.rms_norm` with ``1 + w`` in float32 (and its gated form
+      :class:`OffsetRMSNormGated`).
+
+    A candidate that matches none of these (or whose forward does not take
+    ``(x)`` or ``(x, gate)``, or has no ``variance_epsilon`` / ``eps``) is left
+    untouched and named in a ``UserWarning``; see :func:`plan_transformers`.
+
+    The replacement holds the very same ``weight`` Parameter (same dtype,
+    device, storage; optimizers built before the patch keep working), the same
+    eps and training flag, and is called the way the parent calls the original
+    (``norm(x)`` or ``norm(x, gate)``, positionally). state_dict keys do not
+    change. Hooks registered on the original modules are not carried over.
+
+    Numerics: HF's Llama-style norm computes ``x * rstd`` in float32, rounds it
+    to the input dtype, then multiplies by the weight in the weight's dtype
+    (two roundings; with a float32 weight and bf16 input its output is float32).
+    Qwen3-Next / Gemma norms compute ``x * rstd * (1 + w)`` in float32 and
+    round once; Qwen3-Next's gated norm rounds after the normalisation and
+    after the weight, then multiplies by ``silu(gate)`` in float32. trainnorm
+    evaluates each form in higher precision and rounds once to the input dtype,
+    so the results agree to about one rounding of the input dtype (exactly the
+    same function, not the same bits), and the output dtype is always the input
+    dtype. trainnorm accepts a weight in the input dtype or float32: a bf16
+    model fed float32 activations raises a TypeError after the patch.
+
+    Returns the number of modules swapped (a module shared by several parents
+    counts once).
+    """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    plan = plan_transformers(model)
+    replaced: dict[int, tuple[nn.Module, nn.Module]] = {}   # id(original) -> (original, replacement)
+    skipped = []
+    for name, kind in plan.items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        module = getattr(parent, attr)
+        if kind.startswith("skip"):
+            skipped.append(f"{name} ({type(module).__name__}): {kind[6:]}")
+            continue
+        if id(module) not in replaced:
+            replaced[id(module)] = (module, _replacement(module, kind, deterministic))
+        setattr(parent, attr, replaced[id(module)][1])
+    if skipped:
+        warnings.warn("trainnorm.patch_transformers left these modules untouched: " + "; ".join(skipped),
+                      UserWarning, stacklevel=2)
+    return len(replaced)
