@@ -48,7 +48,7 @@ def test_gated_accuracy(device, hidden, norm_before_gate):
 
 @pytest.mark.parametrize("norm_before_gate", [True, False])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_gated_modes_and_chunks(device, norm_before_gate, deterministic):
+def test_gated_modes_and_chunks(device, norm_before_gate, deterministic, force_atomic):
     # 300 rows of H512: several chunks, partial + combine (det) or atomic (fast)
     x, z, w, dy = gated_case((300,), 512, seed=1, device=device, family="outlier", weight_dtype=torch.float32)
     det = check(x, z, w, dy, norm_before_gate, True)

@@ -42,7 +42,7 @@ def test_plain_rows(device, hidden, dtype):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_families_both_modes(device, family, weight_dtype, deterministic):
+def test_families_both_modes(device, family, weight_dtype, deterministic, force_atomic):
     # 300 rows of H512: several dw chunks, so the partial + combine (det) or atomic (fast) form runs
     case = make_case(family, (300,), 512, weight_dtype=weight_dtype, seed=7, device=device)
     plan = dispatch.backward_plan(300, 512, torch.bfloat16, deterministic, True)
@@ -162,7 +162,7 @@ def test_sm_count_independent(device, hidden, rows):
 
 
 @pytest.mark.parametrize("hidden,rows", [(512, 300), (5120, 120), (8200, 40)])
-def test_modes_equal_except_dw(device, hidden, rows):
+def test_modes_equal_except_dw(device, hidden, rows, force_atomic):
     # H512: the atomic form; H5120 at 120 rows: the fast mode takes the deterministic
     # form (atomic_min_rows); H8200: the wide-row form
     case = make_case("normal", (rows,), hidden, residual=True, seed=12, device=device)
@@ -209,7 +209,7 @@ def test_workspace_reuse(device):
     check_backward(case.dy[:100], h[:100], case.weight, rstd[:100], None, *small)
 
 
-def test_fast_workspace_left_zeroed(device):
+def test_fast_workspace_left_zeroed(device, force_atomic):
     # the one-launch fast form adds into a float64 accumulator that its last
     # program rounds into dw and zeroes again: reuse must not leak a call into the next
     case = make_case("outlier", (300,), 512, seed=15, device=device)
@@ -228,9 +228,10 @@ def test_fast_workspace_left_zeroed(device):
 def test_fast_mode_form_windows():
     # deterministic=False runs its atomic form only from the measured edge on (configs/tuned.py)
     plan = lambda rows, h, det: dispatch.backward_plan(rows, h, torch.bfloat16, det, True).dw_mode
-    assert plan(4096, 4096, False) == dispatch.DW_PARTIAL
-    assert plan(65536, 4096, False) == dispatch.DW_ATOMIC
-    assert plan(65536, 4096, True) == dispatch.DW_PARTIAL
+    assert plan(16384, 6144, False) == dispatch.DW_PARTIAL
+    assert plan(65536, 6144, False) == dispatch.DW_ATOMIC
+    assert plan(65536, 6144, True) == dispatch.DW_PARTIAL
+    assert plan(65536, 4096, False) == dispatch.DW_PARTIAL       # never measured faster at H 4096
     assert plan(1, 4096, False) == plan(1, 4096, True) == dispatch.DW_DIRECT
     assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes
 

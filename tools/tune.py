@@ -215,7 +215,8 @@ def render_bwd_table(chosen) -> str:
                      f"min_rows_per_chunk={cfg.min_rows_per_chunk}, max_chunks={cfg.max_chunks},")
         lines.append(f"                   ctas_per_sm={cfg.ctas_per_sm}, prefetch={cfg.prefetch},")
         lines.append(f"                   # {edge_note}")
-        lines.append(f"                   atomic_min_rows={cfg.atomic_min_rows}),")
+        amr = "NEVER" if cfg.atomic_min_rows >= tuned.NEVER else cfg.atomic_min_rows
+        lines.append(f"                   atomic_min_rows={amr}),")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -257,7 +258,7 @@ def main_sweep(args, dev, flush, log):
                 start = t
                 break
         rows_per_token = FAMILIES.get(hidden, 1)
-        amr = 1 << 40 if start is None else (0 if start == toks[0] else start * rows_per_token)
+        amr = tuned.NEVER if start is None else (0 if start == toks[0] else start * rows_per_token)
         cfg = replace(cfg, atomic_min_rows=amr)
         times = ", ".join(f"T{t} {res[t][k]:.1f}" for t in sorted(res))
         note = (f"{_key(k)}: {times} us; x{score[k]:.3f} geomean, worst x{worst:.2f} of the best per T "

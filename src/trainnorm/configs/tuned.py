@@ -1,22 +1,31 @@
 """Measured configurations, keyed by (H, activation element size in bytes).
 
-Measured with tools/tune.py on one H200 (132 SMs, torch 2.11, Triton 3.6),
-bf16 activations and weight, random normal inputs; times are the median of
-CUDA-graph replays after an L2 flush. Forward and backward tiles were picked
-at T = 16384 tokens (H = 256: [16384, 24, 256]); the backward's chunking
-(min_rows_per_chunk, max_chunks) by the geomean over T = 16, 256, 1024, 4096,
-16384, 65536 (H = 256: T = 1024, 4096, 16384) of its time relative to the
-best chunking at each T ("x1.04, worst x1.19" below). Shapes absent here use
-the analytical defaults in __init__.py.
+Measured on one H200 (132 SMs, torch 2.11, Triton 3.6), bf16 activations and
+weight, random normal inputs; times are medians of CUDA-graph replays after an
+L2 flush.
+
+FWD: `tools/tune.py` stage 1 (block_m, num_warps) at T = 16384 tokens
+(H = 256: [16384, 24, 256]).
+
+BWD: `tools/tune.py --sweep-bwd` (raw data: docs/benchmarks/tune/h200-sweep-bwd.*):
+every candidate tile (block_m, num_warps), with and without prefetch, 2 or 4
+programs per SM and 132 / 264 / 528 chunks at most, timed interleaved at
+T = 256, 1024, 4096, 16384, 65536 (H = 256: T = 1024, 4096, 16384 with 24 rows
+per token); the entry is the candidate with the lowest geomean over those T of
+its time relative to the best candidate at each T ("x1.008 geomean, worst
+x1.03" below). The comment above an entry gives its deterministic times.
 
 atomic_min_rows: from how many rows deterministic=False uses its one-launch
-atomic form; the times quoted are (deterministic form / atomic form) with the
-entry's own tile and chunking, so below the edge the atomic form was slower.
+atomic form; the "det/atomic" times are the entry's deterministic form and its
+atomic form at each T. NEVER: the atomic form was not faster from any measured
+T on (the combine of the deterministic form is one small, well-spread launch),
+so deterministic=False runs the deterministic form.
 
 Changing an entry changes the bits of dw (the chunking) and possibly of dx
 (the tile): it is a numerics change, to be re-verified with `trainnorm verify`
 and the GPU tests.
 """
+NEVER = 1 << 40
 # (H, elt) -> FwdConfig fields
 FWD: dict = {
     (512, 2): dict(block_m=4, block_n=512, num_warps=2),      # 13.9 us; bm8 w2 14.1, bm8 w4 14.1
@@ -29,32 +38,39 @@ FWD: dict = {
 }
 # (H, elt) -> BwdConfig fields
 BWD: dict = {
-    # tile 56.8 us (bm8 w4 60.1, bm16 w8 68.5; default bm4 w8 98.9 in the bench); chunking x1.04, worst x1.15
-    (512, 2): dict(block_m=16, block_n=512, num_warps=4, min_rows_per_chunk=16, max_chunks=264,
-                   # atomic faster at every T: x1.01 (T16) to x1.15 (T16384)
-                   atomic_min_rows=0),
-    # tile 95.4 us (bm2 w4 97.6, bm4 w4 101.2); chunking x1.05, worst x1.19
-    (1536, 2): dict(block_m=2, block_n=2048, num_warps=8, min_rows_per_chunk=2, max_chunks=264,
-                    # T256 13.1/14.9, T1024 21.2/21.5; T4096 32.7/30.7, T65536 236.9/216.1
-                    atomic_min_rows=4096),
-    # tile 106.2 us (bm2 w4 107.9, bm4 w4 110.7); chunking x1.04, worst x1.18
-    (2048, 2): dict(block_m=2, block_n=2048, num_warps=8, min_rows_per_chunk=2, max_chunks=264,
-                    # T256 13.8/15.8; T1024 22.1/21.8, T4096 37.1/33.4, T65536 270.0/250.9
-                    atomic_min_rows=1024),
-    # tile 169.1 us (bm2 w4 185.9, bm2 w16 188.5); chunking x1.07, worst x1.36
-    (4096, 2): dict(block_m=1, block_n=4096, num_warps=4, min_rows_per_chunk=1, max_chunks=264,
-                    # T4096 53.7/57.4, T16384 144.5/145.5; T65536 499.4/493.0
-                    atomic_min_rows=65536),
-    # tile 270.6 us (bm1 w16 272.1, bm1 w4 4310: spills); chunking x1.01, worst x1.02
+    # bm8 w4 c2 max264: T256 8.8, T1024 10.3, T4096 17.2, T16384 40.2, T65536 124.9 us; x1.053 geomean, worst x1.15 of the best per T over 60 candidates
+    (512, 2): dict(block_m=8, block_n=512, num_warps=4, min_rows_per_chunk=8, max_chunks=264,
+                   ctas_per_sm=2, prefetch=False,
+                   # det/atomic us: T256 9.1/9.1, T1024 10.2/13.3, T4096 17.3/21.9, T16384 40.3/43.0, T65536 125.3/128.8
+                   atomic_min_rows=NEVER),
+    # bm2 w4 pf c2 max264: T256 9.0, T1024 12.7, T4096 22.0, T16384 58.2, T65536 193.4 us; x1.022 geomean, worst x1.07 of the best per T over 48 candidates
+    (1536, 2): dict(block_m=2, block_n=2048, num_warps=4, min_rows_per_chunk=2, max_chunks=264,
+                   ctas_per_sm=2, prefetch=True,
+                   # det/atomic us: T256 9.3/15.1, T1024 12.5/28.7, T4096 22.1/31.6, T16384 58.0/64.6, T65536 191.8/191.7
+                   atomic_min_rows=65536),
+    # bm4 w8 pf c4 max132: T256 9.3, T1024 12.6, T4096 24.5, T16384 67.3, T65536 230.4 us; x1.019 geomean, worst x1.05 of the best per T over 48 candidates
+    (2048, 2): dict(block_m=4, block_n=2048, num_warps=8, min_rows_per_chunk=4, max_chunks=132,
+                   ctas_per_sm=4, prefetch=True,
+                   # det/atomic us: T256 9.6/13.3, T1024 12.8/18.4, T4096 24.7/28.0, T16384 67.7/67.9, T65536 231.1/233.3
+                   atomic_min_rows=NEVER),
+    # bm2 w8 pf c4 max132: T256 11.8, T1024 17.6, T4096 38.8, T16384 122.3, T65536 439.8 us; x1.008 geomean, worst x1.03 of the best per T over 36 candidates
+    (4096, 2): dict(block_m=2, block_n=4096, num_warps=8, min_rows_per_chunk=2, max_chunks=132,
+                   ctas_per_sm=4, prefetch=True,
+                   # det/atomic us: T256 12.0/22.8, T1024 17.3/26.9, T4096 39.1/47.0, T16384 121.0/124.0, T65536 438.1/441.2
+                   atomic_min_rows=NEVER),
+    # bm1 w8 c2 max132: T256 14.4, T1024 25.9, T4096 67.9, T16384 221.5, T65536 835.3 us; x1.003 geomean, worst x1.01 of the best per T over 36 candidates
     (5120, 2): dict(block_m=1, block_n=8192, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
-                    # T4096 71.9/73.3; T16384 228.7/225.6, T65536 856.9/843.7
-                    atomic_min_rows=16384),
-    # tile 288.2 us (bm1 w16 292.3, bm1 w4 4350: spills); chunking x1.01, worst x1.02
+                   ctas_per_sm=2, prefetch=False,
+                   # det/atomic us: T256 14.5/26.3, T1024 26.1/33.9, T4096 68.2/73.3, T16384 221.8/223.4, T65536 842.8/833.9
+                   atomic_min_rows=65536),
+    # bm1 w8 c2 max132: T256 14.9, T1024 27.7, T4096 72.7, T16384 238.0, T65536 890.8 us; x1.003 geomean, worst x1.01 of the best per T over 36 candidates
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
-                    # T4096 76.4/78.2; T16384 242.1/239.7, T65536 905.3/889.3
-                    atomic_min_rows=16384),
-    # tile 295.9 us (bm16 w4 469.8, bm32 w8 477.2; default bm8 w8 1005 in the bench); chunking x1.00
+                   ctas_per_sm=2, prefetch=False,
+                   # det/atomic us: T256 15.4/28.2, T1024 27.6/35.8, T4096 72.5/78.9, T16384 236.6/239.5, T65536 891.7/879.6
+                   atomic_min_rows=65536),
+    # bm32 w4 pf c2 max264: T1024 27.7, T4096 75.0, T16384 255.7 us; x1.007 geomean, worst x1.02 of the best per T over 36 candidates
     (256, 2): dict(block_m=32, block_n=256, num_warps=4, min_rows_per_chunk=32, max_chunks=264,
-                   # rows = T x 24: T1024 36.2/30.8 (lowest measured), T16384 270.5/253.7
-                   atomic_min_rows=24576),
+                   ctas_per_sm=2, prefetch=True,
+                   # det/atomic us: T1024 28.2/32.2, T4096 74.9/79.5, T16384 254.9/273.2
+                   atomic_min_rows=NEVER),
 }
