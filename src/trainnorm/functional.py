@@ -189,6 +189,9 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
             raise TypeError("workspace must be a torch.uint8 tensor from backward_workspace()")
         if workspace.device != h.device or not workspace.is_contiguous():
             raise ValueError(f"workspace must be a contiguous tensor on {n}'s device {h.device}")
+        if workspace.data_ptr() % 8:
+            raise ValueError("workspace must start at an 8-byte aligned address (it holds float64 "
+                             "partials); a slice of backward_workspace() at an offset of 8k bytes is")
         need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "

@@ -56,6 +56,38 @@ def rstd_from_sumsq(b_ss, n_cols, eps):
     return tl.div_rn(1.0, tl.sqrt_rn(b_ss / n_cols + eps))
 
 
+# Rows whose float32 sum of squares overflows (rms above ~1.8e19 / sqrt(H)) are
+# summed again scaled by s = 2**-96 (exact; even 65536 squares of the bf16 / fp32
+# maximum stay finite, and the elements that underflow are below 2**-60 of the
+# row's largest): rstd = s / sqrt(sum (s u)^2 / H + eps s^2).
+SCALE_DOWN: tl.constexpr = 1.262177448353619e-29     # 2**-96
+
+
+@triton.jit
+def rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps):
+    """rstd from the plain float32 sum of squares, or, in rows where it is
+    infinite, from the sum of the scaled squares. Rows whose plain sum
+    is finite get exactly rstd_from_sumsq's bits."""
+    b_big = b_ss == float("inf")
+    b_rs = rstd_from_sumsq(tl.where(b_big, 0.0, b_ss), n_cols, eps)
+    b_rb = tl.div_rn(SCALE_DOWN, tl.sqrt_rn(tl.where(b_big, b_ss_scaled, 1.0) / n_cols
+                                            + (eps * SCALE_DOWN) * SCALE_DOWN))
+    return tl.where(b_big, b_rb, b_rs)
+
+
+@triton.jit
+def rstd_of_rows(b_u, n_cols, eps):
+    """rstd of each row of a tile holding whole rows (float32 u). The scaled sum
+    is formed only when some row of the tile overflowed: a tile of ordinary
+    rows does exactly what rstd_from_sumsq does."""
+    b_ss = tl.sum(b_u * b_u, axis=1)
+    b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
+    if tl.max(b_ss, axis=0) == float("inf"):
+        b_s = b_u * SCALE_DOWN
+        b_rstd = rstd_from_sums(b_ss, tl.sum(b_s * b_s, axis=1), n_cols, eps)
+    return b_rstd
+
+
 @triton.jit
 def load_gate(Z, o_z, mask):
     """(z, sigmoid(z)) in float32 for a tile of the gate."""

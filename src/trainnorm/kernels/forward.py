@@ -1,7 +1,8 @@
 """RMSNorm forward: y, float32 rstd and (with a residual) h, in one kernel.
 
     h    = x                         or  round(f32(x) + f32(r))   (HAS_RESIDUAL)
-    rstd = 1 / sqrt(sum_j f32(h_j)^2 / H + eps)
+    rstd = 1 / sqrt(sum_j f32(h_j)^2 / H + eps)    (float32 sum; rows where it overflows are
+                                                   summed again scaled down, see common.py)
     y_j  = round(f32(h_j) * rstd * f32(w_j))                      (w_j = 1 without HAS_WEIGHT)
 
 With a gate z (HAS_GATE), s = silu(f32(z)):
@@ -18,7 +19,7 @@ rows there are: y and rstd are batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import load_gate, load_h, round_to, row_offsets, rstd_from_sumsq
+from .common import SCALE_DOWN, load_gate, load_h, round_to, row_offsets, rstd_from_sums, rstd_of_rows
 
 
 @triton.jit
@@ -61,7 +62,7 @@ def rms_norm_fwd_kernel(
             b_z, b_sig = load_gate(Z, o_z + o_n[None, :], mask)
             if GATE_FIRST:
                 b_h = b_h * (b_z * b_sig)
-        b_rstd = rstd_from_sumsq(tl.sum(b_h * b_h, axis=1), n_cols, eps)
+        b_rstd = rstd_of_rows(b_h, n_cols, eps)
         b_y = b_h * b_rstd[:, None]
         if HAS_WEIGHT:
             b_y = b_y * tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
@@ -70,6 +71,7 @@ def rms_norm_fwd_kernel(
         tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
     else:
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
             o_c = n0 + o_n
             mask = m_m[:, None] & (o_c < n_cols)[None, :]
@@ -79,7 +81,9 @@ def rms_norm_fwd_kernel(
                 b_z, b_sig = load_gate(Z, o_z + o_c[None, :], mask)
                 b_h = b_h * (b_z * b_sig)
             b_acc += b_h * b_h
-        b_rstd = rstd_from_sumsq(tl.sum(b_acc, axis=1), n_cols, eps)
+            b_s = b_h * SCALE_DOWN
+            b_acc_scaled += b_s * b_s
+        b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
             o_c = n0 + o_n
             m_n = o_c < n_cols
