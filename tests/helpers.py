@@ -51,3 +51,23 @@ def check_backward(dy, h, weight, rstd, dh, dx, dw, budget=DW_BUDGET):
     assert err <= budget, f"dw err/tol {err:.4f} > {budget}"
     assert err <= eager + 1e-3, f"dw err/tol {err:.4f} worse than the FP32 eager reduction's {eager:.4f}"
     return err
+
+
+def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic):
+    """(y, rstd, h, dx, dw, dgate) of one case through the explicit entry points.
+
+    extra: "" (plain), "residual" (other is the residual, dh its gradient),
+    "gate" (other is the gate, norm then gate) or "gate_first" (gate, then norm);
+    dgate is None without a gate, h is x without a residual."""
+    import trainnorm
+    if extra in ("gate", "gate_first"):
+        nbg = extra == "gate"
+        y, rstd = trainnorm.rms_norm_gated_forward(x, other, weight, eps, norm_before_gate=nbg)
+        dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, other, weight, rstd, norm_before_gate=nbg,
+                                                       deterministic=deterministic)
+        return y, rstd, x, dx, dw, dz
+    res = other if extra == "residual" else None
+    y, rstd, h = trainnorm.rms_norm_forward(x, weight, eps, residual=res)
+    dx, dw = trainnorm.rms_norm_backward(dy, h, weight, rstd, dh=dh if res is not None else None,
+                                         deterministic=deterministic)
+    return y, rstd, h, dx, dw, None

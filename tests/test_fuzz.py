@@ -11,10 +11,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import trainnorm
 from trainnorm import reference
 
-from helpers import DW_BUDGET, assert_bits_equal, assert_close64
+from helpers import DW_BUDGET, assert_bits_equal, assert_close64, run_entry_points
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -73,17 +72,7 @@ def test_fuzz_against_reference(p):
     extra = p["extra"]
 
     def run(det):
-        if extra in ("gate", "gate_first"):
-            nbg = extra == "gate"
-            y, rstd = trainnorm.rms_norm_gated_forward(x, other, weight, p["eps"], norm_before_gate=nbg)
-            dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, other, weight, rstd, norm_before_gate=nbg,
-                                                           deterministic=det)
-            return y, rstd, x, dx, dw, dz
-        res = other if extra == "residual" else None
-        y, rstd, h = trainnorm.rms_norm_forward(x, weight, p["eps"], residual=res)
-        dh = dy if res is not None else None
-        dx, dw = trainnorm.rms_norm_backward(dy, h, weight, rstd, dh=dh, deterministic=det)
-        return y, rstd, h, dx, dw, None
+        return run_entry_points(x, dy, other, dy, weight, p["eps"], extra, det)
 
     det = run(True)
     y, rstd, h, dx, dw, dz = det
