@@ -71,3 +71,28 @@ def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic):
     dx, dw = trainnorm.rms_norm_backward(dy, h, weight, rstd, dh=dh if res is not None else None,
                                          deterministic=deterministic)
     return y, rstd, h, dx, dw, None
+
+
+def run_gated(x, z, w, dy, nbg, det=True, eps=1e-6):
+    """(y, rstd, dx, dgate, dw) of the gated norm through its explicit entry points."""
+    import trainnorm
+    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, eps, norm_before_gate=nbg)
+    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=nbg, deterministic=det)
+    return y, rstd, dx, dz, dw
+
+
+def check_gated(x, z, w, dy, nbg, det=True, eps=1e-6):
+    """run_gated's outputs against FP64 (SPEC tolerances, dw within the budget); returns them."""
+    y, rstd, dx, dz, dw = out = run_gated(x, z, w, dy, nbg, det, eps)
+    y64, rstd64, _ = reference.forward_fp64(x, w, eps, None, z, nbg)
+    assert y.dtype == x.dtype and rstd.dtype == torch.float32
+    assert_close64(y, y64, "y")
+    assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
+    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, nbg)
+    assert dz.dtype == z.dtype and dz.shape == z.shape
+    assert_close64(dx, dx64, "dx")
+    assert_close64(dz, dz64, "dgate")
+    if w is not None:
+        err = reference.dw_err_over_tol(dw, dw64)
+        assert err <= DW_BUDGET, f"dw err/tol {err:.4f}"
+    return out

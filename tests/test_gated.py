@@ -6,7 +6,7 @@ import trainnorm
 from trainnorm import dispatch, reference
 from trainnorm.families import make_case
 
-from helpers import DW_BUDGET, assert_bits_equal, assert_close64
+from helpers import assert_bits_equal, check_gated, run_gated
 
 EPS = 1e-6
 
@@ -19,25 +19,11 @@ def gated_case(lead, hidden, *, seed, device, family="normal", weight_dtype=torc
 
 
 def run(x, z, w, dy, nbg, det=True):
-    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS, norm_before_gate=nbg)
-    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=nbg, deterministic=det)
-    return y, rstd, dx, dz, dw
+    return run_gated(x, z, w, dy, nbg, det, EPS)
 
 
 def check(x, z, w, dy, nbg, det=True):
-    y, rstd, dx, dz, dw = out = run(x, z, w, dy, nbg, det)
-    y64, rstd64, _ = reference.forward_fp64(x, w, EPS, None, z, nbg)
-    assert y.dtype == x.dtype and rstd.dtype == torch.float32
-    assert_close64(y, y64, "y")
-    assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
-    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, nbg)
-    assert dz.dtype == z.dtype and dz.shape == z.shape
-    assert_close64(dx, dx64, "dx")
-    assert_close64(dz, dz64, "dgate")
-    if w is not None:
-        err = reference.dw_err_over_tol(dw, dw64)
-        assert err <= DW_BUDGET, f"dw err/tol {err:.4f}"
-    return out
+    return check_gated(x, z, w, dy, nbg, det, EPS)
 
 
 @pytest.mark.parametrize("norm_before_gate", [True, False])

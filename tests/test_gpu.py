@@ -172,22 +172,10 @@ def test_second_device_if_present():
 @pytest.mark.parametrize("norm_before_gate", [True, False])
 @pytest.mark.parametrize("lead,hidden", [((65536, 16), 128), ((16384,), 4096), ((65536,), 2048)])
 def test_gated_real_sizes(lead, hidden, norm_before_gate):
-    from trainnorm import reference
-    from helpers import DW_BUDGET, assert_close64
+    from helpers import check_gated
     c = make_case("outlier", lead, hidden, weight_dtype=torch.float32, residual=True, seed=11, device="cuda")
     x, z, w, dy = c.x, c.residual, c.weight, c.dy
-    outs = {}
-    for det in (True, False):
-        y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS, norm_before_gate=norm_before_gate)
-        dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=norm_before_gate,
-                                                       deterministic=det)
-        outs[det] = (y, rstd, dx, dz, dw)
-        y64, _, _ = reference.forward_fp64(x, w, EPS, None, z, norm_before_gate)
-        dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, norm_before_gate)
-        assert_close64(y, y64, "y")
-        assert_close64(dx, dx64, "dx")
-        assert_close64(dz, dz64, "dgate")
-        assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    outs = {det: check_gated(x, z, w, dy, norm_before_gate, det, EPS) for det in (True, False)}
     for a, b, n in zip(outs[True][:4], outs[False][:4], ("y", "rstd", "dx", "dgate")):
         assert_bits_equal(a, b, n)
     again = trainnorm.rms_norm_gated_backward(dy, x, z, w, outs[True][1], norm_before_gate=norm_before_gate)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch, reference
+from trainnorm import dispatch
 from trainnorm.families import make_case
 
-from helpers import DW_BUDGET, assert_close64, check_backward, check_forward
+from helpers import check_backward, check_forward, check_gated
 
 # the fast mode's atomic form wherever it applies, whatever the tuned edges (conftest.force_atomic)
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("force_atomic")]
@@ -83,17 +83,7 @@ def test_other_dtypes(dtype):
 @pytest.mark.parametrize("lead,hidden,deterministic", [((300,), 512, False), ((20,), 8200, True), ((33, 4), 128, True)])
 def test_gated(lead, hidden, deterministic, norm_before_gate):
     c = make_case("normal", lead, hidden, residual=True, seed=5, device="cuda")
-    x, z, w, dy = c.x, c.residual, c.weight, c.dy
-    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS, norm_before_gate=norm_before_gate)
-    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=norm_before_gate,
-                                                   deterministic=deterministic)
-    torch.cuda.synchronize()
-    y64, _, _ = reference.forward_fp64(x, w, EPS, None, z, norm_before_gate)
-    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, norm_before_gate)
-    assert_close64(y, y64, "y")
-    assert_close64(dx, dx64, "dx")
-    assert_close64(dz, dz64, "dgate")
-    assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    check_gated(c.x, c.residual, c.weight, c.dy, norm_before_gate, deterministic, EPS)
 
 
 def test_empty_rows():

@@ -4,6 +4,8 @@
 #   verify [args]  trainnorm verify
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
 #   tune [args]    tools/tune.py
+#   soak [args]    tools/soak.py (e.g. --cases 10000 --workers 8 --time-limit 480)
+#   sanitize [tools]  tools/sanitize.sh (memcheck racecheck ...)
 # Each phase logs and writes under $OUT/<phase>/ and packs that into $OUT/<phase>.tgz
 # (the device returns at most 8 files).
 set -uo pipefail
@@ -16,6 +18,8 @@ case "$phase" in
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   tune)   timeout "${LIMIT:-480}" python3 tools/tune.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  soak)   timeout "${LIMIT:-540}" python3 tools/soak.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  sanitize) timeout "${LIMIT:-540}" bash tools/sanitize.sh "$d" "$@" 2>&1 | tee "$d/log" | tail -20 ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 rc=${PIPESTATUS[0]}

@@ -164,7 +164,8 @@ def sweep_bwd(hidden, dev, flush, log):
                 cfg = BwdConfig(bm, bn, nw, min_rows_per_chunk=bm, max_chunks=mx, ctas_per_sm=ctas, prefetch=pf)
                 _set(bwd=cfg, hidden=hidden)
                 ws = trainnorm.backward_workspace(rows, hidden, device=dev)
-                fns[(bm, nw, pf, ctas, mx)] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+                fns[(bm, nw, pf, ctas, mx)] = (lambda cfg=cfg, ws=ws, dy=dy, x=x, w=w, rstd=rstd:
+                                               _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
             try:
                 t = time_fns(fns, flush, passes=2, samples=6)
                 res[tokens].update(t)
