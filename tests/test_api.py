@@ -22,9 +22,15 @@ def _w(device, dtype=torch.bfloat16, n=H):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Fail the test if a kernel would be launched."""
+    """Fail the test if the dispatcher runs (kernels or the CPU reference path) or a kernel is launched."""
+    class Boom:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel was launched for bad input")
+
     def boom(*a, **k):
-        raise AssertionError("a kernel was launched for bad input")
+        raise AssertionError("the dispatcher ran for bad input")
+    for name in ("rms_norm_fwd_kernel", "rms_norm_bwd_kernel", "dw_combine_kernel"):
+        monkeypatch.setattr(dispatch, name, Boom())
     monkeypatch.setattr(dispatch, "forward", boom)
     monkeypatch.setattr(dispatch, "backward", boom)
 
@@ -49,6 +55,30 @@ BAD_FORWARD = [
     (lambda d: dict(x=_x(d), weight=_w(d), eps=float("inf")), ValueError, "eps must be finite and > 0"),
     (lambda d: dict(x=_x(d), weight=_w(d), eps="1e-6"), TypeError, "eps must be a real number"),
     (lambda d: dict(x=_x(d), weight=_w(d), eps=True), TypeError, "eps must be a real number"),
+    # without a weight key: weight [H] of x's dtype
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.bool, device=d)), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.uint8, device=d)), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.int64, device=d)), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.complex64, device=d)), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.ones(4, H, dtype=torch.float8_e4m3fn, device=d)), TypeError, "x must have dtype"),
+    (lambda d: dict(x=torch.empty(0, 0, dtype=torch.bfloat16, device=d)), ValueError, "H = x.shape"),
+    (lambda d: dict(x=torch.empty(4, H, dtype=torch.bfloat16, device="meta")), ValueError, "x must be on a CUDA or CPU"),
+    (lambda d: dict(x=_x(d), weight=torch.tensor(1.0, dtype=torch.bfloat16, device=d)), ValueError,
+     "weight must have shape"),
+    (lambda d: dict(x=_x(d), weight=_w(d, torch.float64)), TypeError, "weight must have x's dtype"),
+    (lambda d: dict(x=_x(d), weight=_w(d, torch.int32)), TypeError, "weight must have x's dtype"),
+    (lambda d: dict(x=_x(d), weight=_w(d).to("meta")), ValueError,
+     "weight must be on x's device"),
+    (lambda d: dict(x=_x(d), weight=[1.0] * H), TypeError, "weight must be a torch.Tensor"),
+    (lambda d: dict(x=_x(d), residual=_x(d).tolist()), TypeError, "residual must be a torch.Tensor"),
+    (lambda d: dict(x=_x(d), residual=_x(d, shape=(H, 4))), ValueError, "residual must have the shape"),
+    (lambda d: dict(x=_x(d), residual=_x(d, shape=(1, H))), ValueError, "residual must have the shape"),
+    (lambda d: dict(x=_x(d), residual=_x(d, torch.float32)), TypeError, "residual must have dtype"),
+    (lambda d: dict(x=_x(d), residual=_x(d).to("meta")), ValueError, "residual must be on x's device"),
+    (lambda d: dict(x=_x(d), eps=-0.0), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), eps=float("-inf")), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(x=_x(d), eps=torch.tensor(1e-6)), TypeError, "eps must be a real number"),
+    (lambda d: dict(x=_x(d), eps=1e-6j), TypeError, "eps must be a real number"),
 ]
 
 
@@ -56,7 +86,7 @@ BAD_FORWARD = [
 @pytest.mark.parametrize("entry", ["rms_norm", "rms_norm_forward"])
 def test_bad_forward_input(device, no_launch, make, exc, msg, entry):
     kwargs = make(device)
-    x, weight = kwargs.pop("x"), kwargs.pop("weight")
+    x, weight = kwargs.pop("x"), kwargs.pop("weight", _w(device))
     eps = kwargs.pop("eps", 1e-6)
     with pytest.raises(exc, match=msg):
         getattr(trainnorm, entry)(x, weight, eps, **kwargs)
@@ -75,10 +105,10 @@ def test_device_mismatch(no_launch):
         trainnorm.rms_norm(_x("cuda"), _w("cuda"), residual=_x("cpu"))
 
 
-def _bwd_args(device):
-    x = _x(device)
-    return dict(dy=torch.randn_like(x, dtype=torch.float32).to(x.dtype), h=x, weight=_w(device),
-                rstd=torch.ones(4, device=device))
+def _bwd_args(device, rows=4, hidden=H):
+    x = _x(device, shape=(rows, hidden))
+    return dict(dy=torch.randn_like(x, dtype=torch.float32).to(x.dtype), h=x, weight=_w(device, n=hidden),
+                rstd=torch.ones(rows, device=device))
 
 
 BAD_BACKWARD = [
@@ -91,6 +121,24 @@ BAD_BACKWARD = [
     (dict(dh=lambda a: a["dy"][:, :5]), ValueError, "dh must have the shape of h"),
     (dict(workspace=lambda a: torch.empty(3, device=a["h"].device)), TypeError, "workspace must be a torch.uint8"),
     (dict(deterministic=lambda a: 1), TypeError, "deterministic must be a bool"),
+    (dict(h=lambda a: a["h"].to(torch.int16)), TypeError, "h must have dtype"),
+    (dict(h=lambda a: a["h"][:, :0], dy=lambda a: a["dy"][:, :0]), ValueError, "H = h.shape"),
+    (dict(dy=lambda a: a["dy"].t()), ValueError, "dy must have the shape of h"),
+    (dict(dy=lambda a: a["dy"].tolist()), TypeError, "dy must be a torch.Tensor"),
+    (dict(dy=lambda a: a["dy"].to("meta")), ValueError, "dy must be on h's device"),
+    (dict(rstd=lambda a: a["rstd"].bfloat16()), TypeError, "rstd must be float32"),
+    (dict(rstd=lambda a: a["rstd"][:, None]), ValueError, "rstd must have shape"),
+    (dict(rstd=lambda a: a["rstd"].to("meta")), ValueError, "rstd must be on h's device"),
+    (dict(weight=lambda a: a["weight"].double()), TypeError, "weight must have h's dtype"),
+    (dict(weight=lambda a: a["weight"].to("meta")), ValueError, "weight must be on h's device"),
+    (dict(dh=lambda a: a["dy"].float()), TypeError, "dh must have dtype"),
+    (dict(workspace=lambda a: torch.zeros(4096, dtype=torch.int8, device=a["h"].device)), TypeError,
+     "workspace must be a torch.uint8"),
+    (dict(workspace=lambda a: torch.zeros(8192, dtype=torch.uint8, device=a["h"].device)[::2]), ValueError,
+     "workspace must be a contiguous"),
+    (dict(workspace=lambda a: torch.zeros(4096, dtype=torch.uint8, device="meta")), ValueError,
+     "workspace must be a contiguous tensor on h's device"),
+    (dict(deterministic=lambda a: None), TypeError, "deterministic must be a bool"),
 ]
 
 
@@ -112,16 +160,89 @@ def test_workspace_too_small(device, no_launch):
                                     workspace=torch.empty(need - 1, dtype=torch.uint8, device=device))
 
 
+BAD_GATED = [
+    (lambda d: dict(gate=None), TypeError, "gate must be a torch.Tensor"),
+    (lambda d: dict(gate=_x(d, shape=(4, H + 1))), ValueError, "gate must have the shape of x"),
+    (lambda d: dict(gate=_x(d, torch.float16)), TypeError, "gate must have dtype"),
+    (lambda d: dict(gate=_x(d).to("meta")), ValueError, "gate must be on x's device"),
+    (lambda d: dict(x=_x(d, shape=(4, 65537)), gate=_x(d, shape=(4, 65537))), ValueError, "H = x.shape"),
+    (lambda d: dict(weight=_w(d, n=H - 1)), ValueError, "weight must have shape"),
+    (lambda d: dict(eps=float("nan")), ValueError, "eps must be finite and > 0"),
+    (lambda d: dict(norm_before_gate=1), TypeError, "norm_before_gate must be a bool"),
+    (lambda d: dict(norm_before_gate=None), TypeError, "norm_before_gate must be a bool"),
+]
+
+
+@pytest.mark.parametrize("make,exc,msg", BAD_GATED)
+@pytest.mark.parametrize("entry", ["rms_norm_gated", "rms_norm_gated_forward"])
+def test_bad_gated_input_no_launch(device, no_launch, make, exc, msg, entry):
+    kw = dict(x=_x(device), gate=_x(device), weight=_w(device), eps=1e-6)
+    kw.update(make(device))
+    args = (kw.pop("x"), kw.pop("gate"), kw.pop("weight"), kw.pop("eps"))
+    with pytest.raises(exc, match=msg):
+        getattr(trainnorm, entry)(*args, **kw)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("rows,hidden", [(300, 512), (40, 8200)])
+def test_workspace_too_small_both_modes(device, no_launch, deterministic, rows, hidden):
+    need = trainnorm.backward_workspace_bytes(rows, hidden, deterministic=deterministic)
+    assert need > 0
+    a = _bwd_args(device, rows, hidden)
+    ws = torch.zeros(need - 1, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match=f"workspace must hold {need} bytes"):
+        trainnorm.rms_norm_backward(a["dy"], a["h"], a["weight"], a["rstd"], deterministic=deterministic,
+                                    workspace=ws)
+    # a workspace sized for the other mode: the check is per mode
+    other = trainnorm.backward_workspace_bytes(rows, hidden, deterministic=not deterministic)
+    if other < need:
+        with pytest.raises(ValueError, match="workspace must hold"):
+            trainnorm.rms_norm_backward(a["dy"], a["h"], a["weight"], a["rstd"], deterministic=deterministic,
+                                        workspace=torch.zeros(other, dtype=torch.uint8, device=device))
+
+
+def test_bad_gated_backward_no_launch(device, no_launch):
+    a = _bwd_args(device)
+    g = _x(device)
+    with pytest.raises(ValueError, match="gate must have the shape of x"):
+        trainnorm.rms_norm_gated_backward(a["dy"], a["h"], g[:2], a["weight"], a["rstd"])
+    with pytest.raises(TypeError, match="gate must have dtype"):
+        trainnorm.rms_norm_gated_backward(a["dy"], a["h"], g.half(), a["weight"], a["rstd"])
+    with pytest.raises(TypeError, match="norm_before_gate must be a bool"):
+        trainnorm.rms_norm_gated_backward(a["dy"], a["h"], g, a["weight"], a["rstd"], norm_before_gate="no")
+    with pytest.raises(ValueError, match="rstd must have shape"):
+        trainnorm.rms_norm_gated_backward(a["dy"], a["h"], g, a["weight"], a["rstd"][1:])
+    with pytest.raises(ValueError, match="workspace must hold"):
+        need = trainnorm.backward_workspace_bytes(300, 512)
+        b = _bwd_args(device, 300, 512)
+        trainnorm.rms_norm_gated_backward(b["dy"], b["h"], b["h"], b["weight"], b["rstd"],
+                                          workspace=torch.zeros(need - 8, dtype=torch.uint8, device=device))
+
+
+def test_misaligned_workspace_is_a_value_error(device):
+    a = _bwd_args(device, 300, 512)
+    need = trainnorm.backward_workspace_bytes(300, 512)
+    ws = torch.zeros(need + 8, dtype=torch.uint8, device=device)[3:3 + need]
+    with pytest.raises(ValueError, match="workspace"):
+        trainnorm.rms_norm_backward(a["dy"], a["h"], a["weight"], a["rstd"], workspace=ws)
+
+
 @pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(rows=True, hidden=512), TypeError, "rows must be an int"),
+    (dict(rows=4, hidden=65537), ValueError, "hidden must be in"),
+    (dict(rows=4, hidden=512.0), TypeError, "hidden must be an int"),
+    (dict(rows=4, hidden=512, deterministic=0), TypeError, "deterministic must be a bool"),
+    (dict(rows=4, hidden=512, dtype=torch.float64), TypeError, "dtype must be one of"),
     (dict(rows=-1, hidden=512), ValueError, "rows must be >= 0"),
     (dict(rows=1.5, hidden=512), TypeError, "rows must be an int"),
     (dict(rows=4, hidden=0), ValueError, "hidden must be in"),
     (dict(rows=4, hidden=512, dtype=torch.int8), TypeError, "dtype must be one of"),
 ])
-def test_bad_workspace_query(kwargs, exc, msg):
+def test_bad_workspace_query(no_launch, kwargs, exc, msg):
     rows, hidden = kwargs.pop("rows"), kwargs.pop("hidden")
-    with pytest.raises(exc, match=msg):
-        trainnorm.backward_workspace_bytes(rows, hidden, **kwargs)
+    for fn in (trainnorm.backward_workspace_bytes, trainnorm.backward_workspace):
+        with pytest.raises(exc, match=msg):
+            fn(rows, hidden, **kwargs)
 
 
 def test_module_constructor_checks():
