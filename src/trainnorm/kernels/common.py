@@ -60,7 +60,7 @@ def rstd_from_sumsq(b_ss, n_cols, eps):
 # summed again scaled by s = 2**-96 (exact; even 65536 squares of the bf16 / fp32
 # maximum stay finite, and the elements that underflow are below 2**-60 of the
 # row's largest): rstd = s / sqrt(sum (s u)^2 / H + eps s^2).
-SCALE_DOWN: tl.constexpr = 1.262177448353619e-29     # 2**-96
+SCALE_DOWN = tl.constexpr(1.262177448353619e-29)     # 2**-96 (Triton 3.6 rejects an annotated global)
 
 
 @triton.jit
