@@ -236,11 +236,15 @@ def test_fast_mode_form_windows():
     assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes
 
 
+LOAD_FORMS = {"plain": {}, "prefetch": {"prefetch": True}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
+
+
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("residual", [False, True])
-def test_prefetch_same_bits(device, monkeypatch, gated, residual):
-    # PREFETCH only issues the next row tile's loads earlier: every output keeps its bits,
-    # including a chunk whose last tile is partial (rows 0..40 in chunks of 12, tiles of 4)
+def test_load_forms_same_bits(device, monkeypatch, gated, residual):
+    # PREFETCH and the tensor-descriptor loads (TMA_STAGES) only change when and how the
+    # row tiles are read: every output keeps its bits, including a chunk whose last tile
+    # is partial (rows 0..40 in chunks of 12, tiles of 4)
     from dataclasses import replace
 
     from trainnorm import configs
@@ -248,19 +252,71 @@ def test_prefetch_same_bits(device, monkeypatch, gated, residual):
     base = replace(backward_config(hidden, torch.bfloat16, gated), block_m=4, min_rows_per_chunk=12, max_chunks=8)
     case = make_case("outlier", (41,), hidden, residual=residual, seed=11, device=device)
     gate = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gated else None
-    outs = []
-    for prefetch in (False, True):
-        cfg = replace(base, prefetch=prefetch)
+    made = []
+    real = dispatch._row_descriptor
+    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    outs = {}
+    for name, kw in LOAD_FORMS.items():
+        cfg = replace(base, **kw)
         monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
         if gated:
             y, rstd = trainnorm.rms_norm_gated_forward(case.x, gate, case.weight, EPS)
-            outs.append(trainnorm.rms_norm_gated_backward(case.dy, case.x, gate, case.weight, rstd))
+            outs[name] = trainnorm.rms_norm_gated_backward(case.dy, case.x, gate, case.weight, rstd)
         else:
             y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
             dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh)
-            outs.append((dx, dw))
-            if prefetch:
-                check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
+            outs[name] = (dx, dw)
+            check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
     assert dispatch.backward_plan(41, hidden, torch.bfloat16, True, True, gated).num_chunks == 4
+    assert len(made) == 4         # tma2 and tma3 read dy and h through descriptors
+    for name in LOAD_FORMS:
+        for a, b in zip(outs["plain"], outs[name]):
+            assert_bits_equal(a, b, f"{name} vs plain loads")
+
+
+def test_tma_needs_aligned_rows(device, monkeypatch):
+    # rows whose stride is not a multiple of 16 bytes cannot be described: plain loads, same bits
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
+    x, dy = buf[:, 1:], torch.randn(30, hidden, device=device).to(torch.bfloat16)
+    w = torch.randn(hidden, device=device).to(torch.bfloat16)
+    made = []
+    real = dispatch._row_descriptor
+    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    outs = []
+    for stages in (0, 3):
+        cfg = replace(backward_config(hidden, torch.bfloat16), tma_stages=stages)
+        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
+        y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS)
+        outs.append(trainnorm.rms_norm_backward(dy, x, w, rstd))
+    assert not made
     for a, b in zip(*outs):
-        assert_bits_equal(a, b, "prefetch vs not")
+        assert_bits_equal(a, b, "tma_stages on a misaligned view vs off")
+
+
+@pytest.mark.parametrize("form", ["partial", "atomic", "direct"])
+def test_dw_2d(device, monkeypatch, form):
+    # a dw sum per tile position changes only the order of dw's float64 additions:
+    # dx keeps its bits, dw stays within the budget and reproduces in deterministic mode
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    base = replace(backward_config(hidden, torch.bfloat16), block_m=4, min_rows_per_chunk=12,
+                   max_chunks=1 if form == "direct" else 8, atomic_min_rows=0 if form == "atomic" else 1 << 40)
+    case = make_case("offset", (41,), hidden, seed=5, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
+    outs = []
+    for d2 in (False, True, True):
+        cfg = replace(base, dw_2d=d2)
+        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
+        outs.append(trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=form != "atomic"))
+        check_backward(case.dy, h, case.weight, rstd, None, *outs[-1])
+    mode = dispatch.backward_plan(41, hidden, torch.bfloat16, form != "atomic", True).dw_mode
+    assert mode == {"partial": dispatch.DW_PARTIAL, "atomic": dispatch.DW_ATOMIC, "direct": dispatch.DW_DIRECT}[form]
+    assert_bits_equal(outs[0][0], outs[1][0], "dx with dw_2d vs without")
+    if form != "atomic":
+        assert_bits_equal(outs[1][1], outs[2][1], "dw_2d repeat")

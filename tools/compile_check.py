@@ -46,6 +46,8 @@ class Recorder:
             for name, a in zip(self.kernel.arg_names, args):
                 if isinstance(a, torch.Tensor):
                     sig[name] = "*" + TYPES[a.dtype]
+                elif type(a).__name__ == "TensorDescriptor":
+                    sig[name] = f"tensordesc<{TYPES[a.base.dtype]}[{', '.join(map(str, a.block_shape))}]>"
                 elif isinstance(a, bool):
                     sig[name] = "i1"
                 elif isinstance(a, int):

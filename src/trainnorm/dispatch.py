@@ -128,7 +128,7 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
             h.copy_(h_ref)
         return y, rstd, h
 
-    cfg = configs.forward_config(hidden, x.dtype)
+    cfg = configs.forward_config(hidden, x.dtype, weight.dtype if weight is not None else None)
     nh, views = row_views(*(t for t in (x, residual, gate) if t is not None))
     (xv, sxt, sxh), rest = views[0], iter(views[1:])
     rv, srt, srh = next(rest) if residual is not None else (xv, 0, 0)
@@ -184,6 +184,31 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: boo
     return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, mode)
 
 
+def _tma_capable(device: torch.device) -> bool:
+    """Tensor descriptors need the bulk copy engine (sm_90 and later); Triton's
+    interpreter emulates them on the CPU."""
+    if device.type != "cuda":
+        return True
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(idx)[0] >= 9
+
+
+def _tma_ok(nh: int, *views) -> bool:
+    """One-level rows whose base and row stride are 16-byte aligned (the bulk copy's rules)."""
+    if nh != 1:
+        return False
+    for t, stride in views:
+        e = t.element_size()
+        if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
+            return False
+    return True
+
+
+def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, [rows, hidden], [stride, 1], [block_m, block_n])
+
+
 def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=None, norm_before_gate=True):
     """(dx, dw, dgate); dw is float32 [H], or an empty tensor when it is not
     needed; dgate has the gate's dtype, or is empty without a gate."""
@@ -227,17 +252,24 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
     zv, szt, szh = next(rest) if gate is not None else (dyv, 0, 0)
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
+    stages = cfg.tma_stages if plan.col_tiles == 1 and _tma_ok(nh, (dyv, sdyt), (hv, sht)) else 0
+    if stages:
+        desc_dy, desc_h = (_row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
+                           for t, st in ((dyv, sdyt), (hv, sht)))
+    else:
+        desc_dy, desc_h = dyv, hv
     grid = min(plan.num_chunks, cfg.ctas_per_sm * sm_count(h.device))
     with _device_guard(h):
         rms_norm_bwd_kernel[(grid,)](
             dyv, hv, zv, weight if weight is not None else hv, rstd, dhv, dx, dz if gate is not None else dx,
-            dw if need_dw else dx, partial, counter,
+            dw if need_dw else dx, partial, counter, desc_dy, desc_h,
             rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh,
             plan.rows_per_chunk, plan.num_chunks,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
-            DW_MODE=plan.dw_mode, PREFETCH=cfg.prefetch and plan.col_tiles == 1,
+            DW_MODE=plan.dw_mode, PREFETCH=cfg.prefetch and plan.col_tiles == 1 and not stages,
+            TMA_STAGES=stages or None, DW_2D=cfg.dw_2d and plan.col_tiles == 1,
             INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )
         if plan.dw_mode == DW_PARTIAL:

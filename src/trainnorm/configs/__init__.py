@@ -2,7 +2,8 @@
 and measured overrides (configs/tuned.py) for the shape families that matter.
 
 Invariants the numerics rely on (tests check them):
-- the forward and backward tiles are a function of (H, activation dtype) only,
+- the forward and backward tiles are a function of (H, activation dtype) only
+  (the forward's also of the weight's dtype),
   never of the number of rows, the residual, the mode or the device: a row's
   reductions (sum of squares, c) keep one order, so y, rstd, h and dx are
   batch-invariant and identical across modes;
@@ -53,6 +54,13 @@ class BwdConfig:
     # issue the next row tile's loads before computing the current one (rows
     # that fit one tile): timing only, the same operations in the same order
     prefetch: bool = False
+    # read h and dy through tensor descriptors (bulk copies into shared memory),
+    # the row loop pipelined this many tiles deep; 0: plain loads. Applies where
+    # the layout allows it (dispatch.py); timing only, the bits do not change
+    tma_stages: int = 0
+    # keep a float64 dw sum per tile position, added across the tile's rows once
+    # per chunk (kernels/backward.py, DW_2D): changes dw's addition order
+    dw_2d: bool = False
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)
@@ -111,9 +119,13 @@ def _default_bwd(hidden: int, elt: int) -> BwdConfig:
 
 
 @lru_cache(maxsize=None)
-def forward_config(hidden: int, dtype: torch.dtype) -> FwdConfig:
+def forward_config(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None = None) -> FwdConfig:
+    """The forward tile of (H, activation dtype, weight dtype): never of the rows."""
     elt = dtype.itemsize
-    entry = tuned.FWD.get((hidden, elt))
+    entry = None
+    if weight_dtype is not None and weight_dtype.itemsize == 4 and elt < 4:
+        entry = tuned.FWD_W32.get((hidden, elt))
+    entry = entry or tuned.FWD.get((hidden, elt))
     return FwdConfig(**entry) if entry else _default_fwd(hidden, elt)
 
 

@@ -40,6 +40,19 @@ With a gate z (HAS_GATE), s = silu(f32(z)), s' its derivative:
                       dx_j = round(du_j * s_j + f32(dh_j)), dz_j = round(du_j * f32(h_j) * s'_j)
     dw_j = sum over rows of f32(dy_j) * s_j * xhat_j (both forms).
 
+With DW_2D (rows that fit one tile) each position of the row tile keeps its
+own float64 dw sum, and the tile's rows are added together once per chunk
+rather than once per tile: no exchange between threads inside the row loop.
+The order of dw's additions changes (still a function of the chunking and
+the tile); dx does not.
+
+With TMA_STAGES (rows that fit one tile, one-level rows with 16-byte aligned
+strides; Hopper and later), h and dy are read through tensor descriptors
+(DESC_H, DESC_DY: [rows, H] with a [BLOCK_M, BLOCK_N] block) by the bulk copy
+engine into shared memory, and the row loop is software-pipelined
+TMA_STAGES deep: several row tiles are in flight without holding registers.
+The arithmetic is the same, in the same order: the bits do not change.
+
 With PREFETCH (rows that fit one tile), the loads of a chunk's next row tile
 are issued before the current one is computed, so two tiles per program are
 in flight: the same operations in the same order, only earlier loads.
@@ -166,7 +179,7 @@ def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw, INTERPRETED: tl.constexpr)
 
 @triton.jit
 def rms_norm_bwd_kernel(
-    DY, HX, Z, W, RSTD, DH, DX, DZ, DW, PARTIAL, COUNTER,
+    DY, HX, Z, W, RSTD, DH, DX, DZ, DW, PARTIAL, COUNTER, DESC_DY, DESC_H,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks,
@@ -180,6 +193,8 @@ def rms_norm_bwd_kernel(
     GATE_FIRST: tl.constexpr,
     DW_MODE: tl.constexpr,
     PREFETCH: tl.constexpr,
+    TMA_STAGES: tl.constexpr,
+    DW_2D: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -194,6 +209,10 @@ def rms_norm_bwd_kernel(
         else:
             b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
         b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
+        if DW_2D:
+            b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
+        else:
+            b_dw2 = tl.zeros([1, 1], dtype=tl.float64)
         for chunk in tl.range(pid, num_chunks, grid):
             row_start = chunk * rows_per_chunk
             row_end = tl.minimum(row_start + rows_per_chunk, rows)
@@ -201,11 +220,22 @@ def rms_norm_bwd_kernel(
                 p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, row_start + o_mb, row_end, o_n, m_n, NH,
                                                         stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                         stride_zt, stride_zh, TWO_LEVEL, HAS_GATE)
-            for m0 in tl.range(row_start, row_end, BLOCK_M):
+            for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=TMA_STAGES):
                 o_m = m0 + o_mb
                 m_m = o_m < row_end
                 mask = m_m[:, None] & m_n[None, :]
-                if PREFETCH:
+                if TMA_STAGES is not None:
+                    # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the
+                    # compiler's software pipeline); rows and columns past the tensor read as zero
+                    r_h = DESC_H.load([m0, 0])
+                    r_dy = DESC_DY.load([m0, 0])
+                    r_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
+                    if HAS_GATE:
+                        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None] + o_n[None, :]
+                        r_z = tl.load(Z + o_z, mask=mask, other=0.0)
+                    else:
+                        r_z = r_h
+                elif PREFETCH:
                     # this tile was loaded during the previous one; issue the next tile's loads now
                     # (masked off past the chunk), so they are in flight while this one is computed
                     r_h, r_dy, r_rstd, r_z = p_h, p_dy, p_rstd, p_z
@@ -236,13 +266,21 @@ def rms_norm_bwd_kernel(
                 if HAS_GATE:
                     tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty, INTERPRETED), mask=mask)
                 if DW_MODE != 0:
-                    b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
+                    if DW_2D:
+                        b_dw2 += _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE)
+                    else:
+                        b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
+            if DW_2D and DW_MODE != 2:
+                b_dw = tl.sum(b_dw2, axis=0)
+                b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
             if DW_MODE == 1:
                 tl.store(PARTIAL + chunk * n_cols + o_n, b_dw, mask=m_n)
                 b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
             elif DW_MODE == 3:
                 tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
         if DW_MODE == 2:
+            if DW_2D:
+                b_dw = tl.sum(b_dw2, axis=0)
             _add_and_finish(DW, PARTIAL, COUNTER, o_n, m_n, b_dw, INTERPRETED)
     else:
         for chunk in tl.range(pid, num_chunks, grid):
