@@ -9,7 +9,7 @@ the best backward tiles over token counts. Prints tables and writes JSON.
     python3 tools/tune.py --out DIR [--hidden 512,2048] [--quick]
 
 --sweep-bwd replaces both stages for the backward: every candidate tile,
-prefetch, programs per SM and chunking, timed interleaved at several token
+the row-tile loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and chunking, timed interleaved at several token
 counts, the best by geomean over those counts (relative to the best at each
 count), then the fast form's edge (atomic_min_rows) for the winner; it writes
 tuned.py (configs/tuned.py with the BWD table replaced, each entry carrying its
@@ -141,6 +141,9 @@ SWEEP_TILES = {   # (block_m, num_warps) around the tiles stage 1 picked
 }
 SWEEP_T = (256, 1024, 4096, 16384, 65536)
 SWEEP_T_HEAD = (1024, 4096, 16384)      # x 24 rows per token
+# row-tile loads: (prefetch, tma_stages): plain, register prefetch, tensor descriptors 3 or 4 deep
+SWEEP_LOADS = ((False, 0), (True, 0), (False, 3), (False, 4))
+DW_2D_MAX_H = 2048      # dw_2d is swept up to this H (wider tiles hold too many float64 sums)
 SWEEP_SCHED = [(c, m) for c in (2, 4) for m in (132, 264, 528)]   # (ctas_per_sm, max_chunks)
 
 
@@ -158,19 +161,22 @@ def sweep_bwd(hidden, dev, flush, log):
         x, w, dy, rstd = _inputs(hidden, tokens, dev)
         rows = rstd.numel()
         res[tokens] = {}
-        for (bm, nw), pf in itertools.product(SWEEP_TILES[hidden], (False, True)):
+        d2s = (False, True) if hidden <= DW_2D_MAX_H else (False,)
+        for (bm, nw), (pf, st), d2 in itertools.product(SWEEP_TILES[hidden], SWEEP_LOADS, d2s):
             fns = {}
             for ctas, mx in SWEEP_SCHED:
-                cfg = BwdConfig(bm, bn, nw, min_rows_per_chunk=bm, max_chunks=mx, ctas_per_sm=ctas, prefetch=pf)
+                cfg = BwdConfig(bm, bn, nw, min_rows_per_chunk=bm, max_chunks=mx, ctas_per_sm=ctas, prefetch=pf,
+                                tma_stages=st, dw_2d=d2)
                 _set(bwd=cfg, hidden=hidden)
                 ws = trainnorm.backward_workspace(rows, hidden, device=dev)
-                fns[(bm, nw, pf, ctas, mx)] = (lambda cfg=cfg, ws=ws, dy=dy, x=x, w=w, rstd=rstd:
-                                               _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+                fns[(bm, nw, pf, st, d2, ctas, mx)] = (lambda cfg=cfg, ws=ws, dy=dy, x=x, w=w, rstd=rstd:
+                                                       _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
             try:
                 t = time_fns(fns, flush, passes=2, samples=6)
                 res[tokens].update(t)
             except Exception as e:  # noqa: BLE001 - a tile that fails to compile or spills badly is dropped
-                log(f"  H{hidden} T{tokens} bm{bm} w{nw} pf{int(pf)}: {type(e).__name__}: {str(e)[:80]}")
+                log(f"  H{hidden} T{tokens} bm{bm} w{nw} pf{int(pf)} tma{st} d2{int(d2)}: "
+                    f"{type(e).__name__}: {str(e)[:80]}")
         best = min(res[tokens].items(), key=lambda kv: kv[1])
         log(f"  H{hidden} T{tokens}: best {_key(best[0])} {best[1]:.1f} us")
         del x, w, dy, rstd
@@ -179,8 +185,8 @@ def sweep_bwd(hidden, dev, flush, log):
 
 
 def _key(k):
-    bm, nw, pf, ctas, mx = k
-    return f"bm{bm} w{nw}{' pf' if pf else ''} c{ctas} max{mx}"
+    bm, nw, pf, st, d2, ctas, mx = k
+    return f"bm{bm} w{nw}{' pf' if pf else ''}{f' tma{st}' if st else ''}{' d2' if d2 else ''} c{ctas} max{mx}"
 
 
 def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det):
@@ -214,7 +220,8 @@ def render_bwd_table(chosen) -> str:
         lines.append(f"    # {note}")
         lines.append(f"    ({hidden}, 2): dict(block_m={cfg.block_m}, block_n={cfg.block_n}, num_warps={cfg.num_warps}, "
                      f"min_rows_per_chunk={cfg.min_rows_per_chunk}, max_chunks={cfg.max_chunks},")
-        lines.append(f"                   ctas_per_sm={cfg.ctas_per_sm}, prefetch={cfg.prefetch},")
+        lines.append(f"                   ctas_per_sm={cfg.ctas_per_sm}, prefetch={cfg.prefetch}, "
+                     f"tma_stages={cfg.tma_stages}, dw_2d={cfg.dw_2d},")
         lines.append(f"                   # {edge_note}")
         amr = "NEVER" if cfg.atomic_min_rows >= tuned.NEVER else cfg.atomic_min_rows
         lines.append(f"                   atomic_min_rows={amr}),")
@@ -247,9 +254,9 @@ def main_sweep(args, dev, flush, log):
         score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in keys}
         k = min(score, key=score.get)
         worst = max(res[t][k] / best_t[t] for t in res)
-        bm, nw, pf, ctas, mx = k
+        bm, nw, pf, st, d2, ctas, mx = k
         cfg = BwdConfig(bm, configs.next_pow2(hidden), nw, min_rows_per_chunk=bm, max_chunks=mx,
-                        ctas_per_sm=ctas, prefetch=pf)
+                        ctas_per_sm=ctas, prefetch=pf, tma_stages=st, dw_2d=d2)
         edge = fast_edge(hidden, cfg, dev, flush)
         # the atomic form from the smallest measured count from which it is faster at every larger one
         toks = sorted(edge)

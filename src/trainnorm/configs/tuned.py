@@ -21,6 +21,13 @@ atomic form at each T. NEVER: the atomic form was not faster from any measured
 T on (the combine of the deterministic form is one small, well-spread launch),
 so deterministic=False runs the deterministic form.
 
+tma_stages / dw_2d (added after the sweep): the sweep's entry with plain loads
+against the same tile with tensor-descriptor loads pipelined 2 / 3 / 4 deep
+(prefetch off) and, at H <= 2048, with dw_2d; one interleaved group per T,
+same process (raw data: docs/benchmarks/tune/h200-tma-probe.*). The comment
+"tma" line gives those times; the previous entries' det/atomic lines were
+measured with plain loads.
+
 Changing an entry changes the bits of dw (the chunking) and possibly of dx
 (the tile): it is a numerics change, to be re-verified with `trainnorm verify`
 and the GPU tests.
@@ -36,36 +43,57 @@ FWD: dict = {
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=4),    # 102.6 us; bm1 w8 103.1, bm2 w4 108.0
     (256, 2): dict(block_m=8, block_n=256, num_warps=2),      # 101.1 us; bm32 w16 100.8, bm8 w4 101.4
 }
+# (H, elt) -> FwdConfig fields with a float32 weight (16-bit activations), where they
+# differ from FWD. One H200, T = 16384 / 65536, us (float32 weight; bf16 weight in brackets):
+#   H5120 bm1 w4 (the FWD entry) 115.4 / 433.9 (93.3 / 351.2), bm2 w8 104.0 / 391.9 (99.9 / 376.2)
+#   H6144 bm1 w4 (the FWD entry) 130.5 / 497.5 (102.3 / 389.6), bm2 w8 112.7 / 426.3 (108.4 / 409.3)
+# A two-row tile reads the float32 weight once for two rows.
+FWD_W32: dict = {
+    (5120, 2): dict(block_m=2, block_n=8192, num_warps=8),
+    (6144, 2): dict(block_m=2, block_n=8192, num_warps=8),
+}
 # (H, elt) -> BwdConfig fields
 BWD: dict = {
     # bm8 w4 c2 max264: T256 8.8, T1024 10.3, T4096 17.2, T16384 40.2, T65536 124.9 us; x1.053 geomean, worst x1.15 of the best per T over 60 candidates
+    # tma us (T1024, 4096, 16384, 65536): plain 10.0, 17.3, 40.0, 125.0; dw_2d 10.2, 15.3, 28.3, 74.2;
+    #   dw_2d + tma3 10.7, 15.5, 27.3, 65.4; tma3 alone 10.4, 17.7, 38.1, 119.8 (the per-tile dw
+    #   exchange between threads was the cost: nodw 58.2 us at T65536, docs/benchmarks/tune/h200-probe-1.txt)
     (512, 2): dict(block_m=8, block_n=512, num_warps=4, min_rows_per_chunk=8, max_chunks=264,
-                   ctas_per_sm=2, prefetch=False,
+                   ctas_per_sm=2, prefetch=False, tma_stages=3, dw_2d=True,
                    # det/atomic us: T256 9.1/9.1, T1024 10.2/13.3, T4096 17.3/21.9, T16384 40.3/43.0, T65536 125.3/128.8
                    atomic_min_rows=NEVER),
     # bm2 w4 pf c2 max264: T256 9.0, T1024 12.7, T4096 22.0, T16384 58.2, T65536 193.4 us; x1.022 geomean, worst x1.07 of the best per T over 48 candidates
+    # tma us (T4096, 65536): plain+prefetch 21.6, 192.1; tma2 24.9, 223.6; tma3 20.5, 163.5; tma4 20.5, 162.8
     (1536, 2): dict(block_m=2, block_n=2048, num_warps=4, min_rows_per_chunk=2, max_chunks=264,
-                   ctas_per_sm=2, prefetch=True,
+                   ctas_per_sm=2, prefetch=False, tma_stages=4,
                    # det/atomic us: T256 9.3/15.1, T1024 12.5/28.7, T4096 22.1/31.6, T16384 58.0/64.6, T65536 191.8/191.7
                    atomic_min_rows=65536),
     # bm4 w8 pf c4 max132: T256 9.3, T1024 12.6, T4096 24.5, T16384 67.3, T65536 230.4 us; x1.019 geomean, worst x1.05 of the best per T over 48 candidates
+    # tma us (T1024, 4096, 16384, 65536): plain+prefetch 12.7, 24.7, 67.5, 231.7; tma3 13.3, 24.1, 62.3, 211.5;
+    #   tma4 13.3, 24.9, 63.9, 214.4; dw_2d + tma3 13.4, 24.0, 62.4, 212.1
     (2048, 2): dict(block_m=4, block_n=2048, num_warps=8, min_rows_per_chunk=4, max_chunks=132,
-                   ctas_per_sm=4, prefetch=True,
+                   ctas_per_sm=4, prefetch=False, tma_stages=3,
                    # det/atomic us: T256 9.6/13.3, T1024 12.8/18.4, T4096 24.7/28.0, T16384 67.7/67.9, T65536 231.1/233.3
                    atomic_min_rows=NEVER),
     # bm2 w8 pf c4 max132: T256 11.8, T1024 17.6, T4096 38.8, T16384 122.3, T65536 439.8 us; x1.008 geomean, worst x1.03 of the best per T over 36 candidates
+    # tma us (T1024, 4096, 16384, 65536): plain+prefetch 17.2, 38.8, 121.1, 438.0; tma2 20.2, 47.9, 145.2, 532.4;
+    #   tma3 17.3, 37.5, 113.6, 406.6; tma4 17.5, 38.1, 115.6, 411.4
     (4096, 2): dict(block_m=2, block_n=4096, num_warps=8, min_rows_per_chunk=2, max_chunks=132,
-                   ctas_per_sm=4, prefetch=True,
+                   ctas_per_sm=4, prefetch=False, tma_stages=3,
                    # det/atomic us: T256 12.0/22.8, T1024 17.3/26.9, T4096 39.1/47.0, T16384 121.0/124.0, T65536 438.1/441.2
                    atomic_min_rows=NEVER),
     # bm1 w8 c2 max132: T256 14.4, T1024 25.9, T4096 67.9, T16384 221.5, T65536 835.3 us; x1.003 geomean, worst x1.01 of the best per T over 36 candidates
+    # tma us (T1024, 4096, 16384, 65536): plain 26.2, 68.2, 221.7, 843.8; tma2 27.2, 71.9, 235.9, 933.4;
+    #   tma3 23.0, 51.3, 160.6, 769.4; tma4 22.2, 48.9, 152.9, 644.1; tma3 w16 23.0, 53.6, 165.0, 748.2
     (5120, 2): dict(block_m=1, block_n=8192, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
-                   ctas_per_sm=2, prefetch=False,
+                   ctas_per_sm=2, prefetch=False, tma_stages=4,
                    # det/atomic us: T256 14.5/26.3, T1024 26.1/33.9, T4096 68.2/73.3, T16384 221.8/223.4, T65536 842.8/833.9
                    atomic_min_rows=65536),
     # bm1 w8 c2 max132: T256 14.9, T1024 27.7, T4096 72.7, T16384 238.0, T65536 890.8 us; x1.003 geomean, worst x1.01 of the best per T over 36 candidates
+    # tma us (T1024, 4096, 16384, 65536): plain 27.7, 72.8, 236.5, 889.2; tma2 28.9, 76.6, 248.7, 936.4;
+    #   tma3 23.4, 56.3, 175.4, 650.4; tma4 22.7, 54.6, 164.5, 638.9; tma3 w16 24.2, 58.4, 178.5, 664.0
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
-                   ctas_per_sm=2, prefetch=False,
+                   ctas_per_sm=2, prefetch=False, tma_stages=4,
                    # det/atomic us: T256 15.4/28.2, T1024 27.6/35.8, T4096 72.5/78.9, T16384 236.6/239.5, T65536 891.7/879.6
                    atomic_min_rows=65536),
     # bm32 w4 pf c2 max264: T1024 27.7, T4096 75.0, T16384 255.7 us; x1.007 geomean, worst x1.02 of the best per T over 36 candidates
