@@ -338,6 +338,8 @@ def test_main_rejects_bad_arguments(monkeypatch, capsys):
     assert "nope" in capsys.readouterr().err
     assert run.main(["--shapes", "H9999"]) == 2
     assert run.main(["--passes", "0"]) == 2
+    assert run.main(["--warm-only"]) == 2
+    assert "--warm-only" in capsys.readouterr().err
 
 
 def test_main_list(capsys):

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="before timing, run every selected row's implementations once in N worker "
                         "processes, so that their compiles (torch.compile, QuACK's CuTe DSL, Triton) land in "
                         "the on-disk caches in parallel; the timing process then loads them. 0: no warm-up")
+    p.add_argument("--warm-only", action="store_true",
+                   help="with --jobs: fill the compile caches and stop, timing nothing (the timing "
+                        "run follows in another process, on the same machine)")
     p.add_argument("--skip-done", metavar="BENCH_JSON",
                    help="leave out the rows that this earlier bench.json measured (finish a run cut "
                         "short; join the two with --merge)")
@@ -125,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(f"  {r.id}{'  (small T)' if r.small_t else ''}{'  (gated)' if r.gated else ''}")
         return 0
+    if args.warm_only and args.jobs < 1:
+        return _err("--warm-only needs --jobs N (N >= 1)")
     if not torch.cuda.is_available():
         return _err("no CUDA GPU is visible (torch.cuda.is_available() is False). The benchmark times "
                     "CUDA-graph replays on a GPU; nothing was run.")
@@ -390,6 +395,8 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
 
     if args.jobs > 0:
         warm_caches(rows, ops, [i.name for i in active], args.jobs)
+    if args.warm_only:
+        return 0
     stream = torch.cuda.Stream(device)
     interrupted = False
     with torch.cuda.device(device), torch.cuda.stream(stream):
