@@ -369,3 +369,19 @@ def test_merge_runs_over_different_rows(tmp_path):
     assert ratios[("H4096 T4096", "bwd")] == pytest.approx(0.9)
     assert merged["copy_bandwidth_bytes_per_s"] == pytest.approx(4.2e12)   # median of 4.0 and 4.2 (upper)
     assert "later" in merged["env"]["merged from"]
+
+
+def test_skip_done_leaves_out_only_rows_measured_for_every_op(tmp_path, capsys):
+    # a run cut short: it selected three rows but measured one whole and one for fwd only
+    res = fake_result([("H4096 T1024", "fwd", None), ("H4096 T1024", "bwd", 1.0), ("H4096 T1024", "step", 1.0),
+                       ("H4096 T4096", "fwd", None)])
+    res.rows = [by_id()[i] for i in ("H4096 T1024", "H4096 T4096", "H4096 T16384")]
+    report.write_outputs(res, str(tmp_path), plots=False)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["rows"]) == 3
+    assert run.done_rows(data, ["fwd", "bwd", "step"]) == {"H4096 T1024"}
+    assert run.done_rows(data, ["fwd"]) == {"H4096 T1024", "H4096 T4096"}
+    assert run.main(["--shapes", "^H4096 T(1024|4096|16384)$", "--skip-done", str(tmp_path / "bench.json"),
+                     "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 rows x 3 ops") and "H4096 T4096" in out and "H4096 T1024\n" not in out

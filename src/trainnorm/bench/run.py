@@ -84,6 +84,17 @@ def merge_files(paths: list[str], out: str) -> int:
     return 0
 
 
+def done_rows(data: dict, ops: list[str]) -> set[str]:
+    """Ids of the rows that a bench.json measured for every op in `ops`.
+
+    A cut run's "rows" lists every row it selected; only its "measurements"
+    say which were reached (a row's cells are written when the whole row is)."""
+    seen: dict[str, set[str]] = {}
+    for m in data["measurements"]:
+        seen.setdefault(m["row"], set()).add(m["op"])
+    return {rid for rid, got in seen.items() if set(ops) <= got}
+
+
 def _split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = shapes.select_rows(shapes.quick_rows() if args.quick else shapes.all_rows(), args.shapes)
     if args.skip_done:
         with open(args.skip_done) as f:
-            done = {r["id"] for r in json.load(f)["rows"]}
+            done = done_rows(json.load(f), ops)
         rows = [r for r in rows if r.id not in done]
         if not rows:
             print(f"trainnorm bench: every selected row is in {args.skip_done}", file=sys.stderr)
