@@ -270,6 +270,7 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
             DW_MODE=plan.dw_mode, PREFETCH=cfg.prefetch and plan.col_tiles == 1 and not stages,
             TMA_STAGES=stages or None, DW_2D=cfg.dw_2d and plan.col_tiles == 1,
+            WIDE_TERMS=dy.element_size() > 2 or h.element_size() > 2,
             INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )
         if plan.dw_mode == DW_PARTIAL:

@@ -107,11 +107,16 @@ def _input_grads(b_h, b_dy, b_rstd, b_w, b_z, b_sig, b_xhat, b_g, b_c,
 
 
 @triton.jit
-def _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE: tl.constexpr):
+def _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE: tl.constexpr, WIDE_TERMS: tl.constexpr):
     """f64(dy * h) * f64(rstd) [* f64(silu(z))]: dy * h is exact in float32 for
     16-bit inputs and the float64 product with rstd is exact, so without a gate
-    dw's terms carry no rounding (with one, only silu(z)'s float32 rounding)."""
-    b_t = (b_dy * b_h).to(tl.float64) * b_rstd.to(tl.float64)[:, None]
+    dw's terms carry no rounding (with one, only silu(z)'s float32 rounding).
+    WIDE_TERMS (dy or h in float32): float32 dy * h would round (24 + 24 bits),
+    so the product is taken in float64, where it is exact."""
+    if WIDE_TERMS:
+        b_t = b_dy.to(tl.float64) * b_h.to(tl.float64) * b_rstd.to(tl.float64)[:, None]
+    else:
+        b_t = (b_dy * b_h).to(tl.float64) * b_rstd.to(tl.float64)[:, None]
     if HAS_GATE:
         b_t = b_t * (b_z * b_sig).to(tl.float64)
     return b_t
@@ -195,6 +200,7 @@ def rms_norm_bwd_kernel(
     PREFETCH: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
+    WIDE_TERMS: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -267,9 +273,9 @@ def rms_norm_bwd_kernel(
                     tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty, INTERPRETED), mask=mask)
                 if DW_MODE != 0:
                     if DW_2D:
-                        b_dw2 += _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE)
+                        b_dw2 += _dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE, WIDE_TERMS)
                     else:
-                        b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
+                        b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE, WIDE_TERMS), axis=0)
             if DW_2D and DW_MODE != 2:
                 b_dw = tl.sum(b_dw2, axis=0)
                 b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
@@ -329,7 +335,7 @@ def rms_norm_bwd_kernel(
                         tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty, INTERPRETED), mask=mask)
                     if DW_MODE != 0:
                         b_old = tl.load(p_part + o_c, mask=m_n, other=0.0)
-                        b_new = b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE), axis=0)
+                        b_new = b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_z, b_sig, HAS_GATE, WIDE_TERMS), axis=0)
                         tl.store(p_part + o_c, b_new, mask=m_n)
                 # the next tile re-reads this partial: order it after these stores
                 tl.debug_barrier()
