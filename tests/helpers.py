@@ -18,9 +18,17 @@ def assert_bits_equal(a, b, what=""):
 
 
 def assert_close64(out, ref, what=""):
-    """out (any dtype) within atol = rtol = 1e-2 of a float64 reference, and finite."""
-    assert torch.isfinite(out).all(), f"{what}: non-finite (unwritten?) elements"
-    torch.testing.assert_close(out.double(), ref.double(), **TOL, msg=lambda m: f"{what}: {m}")
+    """out (any dtype) within atol = rtol = 1e-2 of a float64 reference, and finite,
+    except where the reference itself lies within rtol of out's dtype's largest
+    finite value: there the rounding may overflow (e.g. an fp16 dx of rstd * g
+    with rstd = 1/sqrt(eps)), and out may also be the infinity of the reference's
+    sign. NaN (what an unwritten, NaN-poisoned element reads as) never passes."""
+    ref = ref.double()
+    edge = ref.abs() >= torch.finfo(out.dtype).max * (1 - TOL["rtol"])
+    overflowed = edge & torch.isinf(out) & (torch.sign(out.double()) == torch.sign(ref))
+    assert (torch.isfinite(out) | overflowed).all(), f"{what}: non-finite (unwritten?) elements"
+    torch.testing.assert_close(torch.where(overflowed, ref, out.double()), ref, **TOL,
+                               msg=lambda m: f"{what}: {m}")
 
 
 def check_forward(x, weight, eps, residual, y, rstd, h):

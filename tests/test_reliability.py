@@ -32,8 +32,8 @@ def _w(device, dtype=torch.bfloat16, n=H):
 
 # --- NaN and Inf propagate as the math says ----------------------------------------------------
 
-def _fwd_bwd(x, w, dy, deterministic, residual=None, dh=None):
-    y, rstd, h = trainnorm.rms_norm_forward(x, w, 1e-6, residual=residual)
+def _fwd_bwd(x, w, dy, deterministic, residual=None, dh=None, eps=1e-6):
+    y, rstd, h = trainnorm.rms_norm_forward(x, w, eps, residual=residual)
     dx, dw = trainnorm.rms_norm_backward(dy, h, w, rstd, dh=dh, deterministic=deterministic)
     return y, rstd, h, dx, dw
 
@@ -176,6 +176,25 @@ def test_values_near_bf16_max(device, value):
     assert_close64(y, y64, "y")
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_fp16_dx_overflow_is_the_math(device, deterministic):
+    # H = 1, x a subnormal fp16 (6e-8) and eps 1e-12: rstd ~ 1e6 and dx = rstd * g * (1 - xhat**2)
+    # ~ 9.9e5, past fp16's 65504, so the rounded dx is inf (the soak drew such a row, H200)
+    x = torch.tensor([[6e-8], [1.0], [-3e-8]], dtype=torch.float16, device=device)
+    w = torch.ones(1, dtype=torch.float16, device=device)
+    dy = torch.tensor([[1.0], [1.0], [-0.5]], dtype=torch.float16, device=device)
+    y, rstd, h, dx, dw = _fwd_bwd(x, w, dy, deterministic, eps=1e-12)
+    dx64, _ = reference.backward_fp64(dy, h, w, rstd, None)
+    assert dx64[0, 0] > 65504 and dx64[2, 0] < -65504 and abs(float(dx64[1, 0])) < 1
+    assert dx[0, 0] == float("inf") and dx[2, 0] == float("-inf") and torch.isfinite(dx[1]).all()
+    check_forward(x, w, 1e-12, None, y, rstd, h)
+    check_backward(dy, h, w, rstd, None, dx, dw)
+    # the check still rejects a NaN (an unwritten element) or a wrong sign there
+    for bad in (float("nan"), float("-inf")):
+        with pytest.raises(AssertionError):
+            assert_close64(torch.where(torch.arange(3, device=device)[:, None] == 0, bad, dx), dx64, "dx")
+
+
 # --- zero rows --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -189,7 +208,7 @@ def test_zero_rows_exact(device, dtype, eps):
     dy[3] = 0
     dy[1] *= 1e-3     # dx of a zero row is rstd * g: with eps = 1e-12 (rstd = 1e6) it must fit fp16
     w = 1 + 0.1 * _rand((hidden,), torch.float32, device, seed=18)
-    y, rstd, h, dx, dw = _fwd_bwd_eps(x, w, dy, eps)
+    y, rstd, h, dx, dw = _fwd_bwd(x, w, dy, True, eps=eps)
     e = eps if eps is not None else torch.finfo(dtype).eps
     # the float32 formula on a zero row: 1 / sqrt(f32(0 / H + eps)) with IEEE sqrt and division
     want = 1.0 / torch.sqrt(torch.tensor(e, dtype=torch.float32))
@@ -207,12 +226,6 @@ def test_zero_rows_exact(device, dtype, eps):
     rest = torch.tensor([0, 2, 4], device=device)
     dw_rest = trainnorm.rms_norm_backward(dy[rest], h[rest], w, rstd[rest])[1]
     assert torch.allclose(dw, dw_rest, atol=1e-6, rtol=1e-6), "zero rows contribute to dw"
-
-
-def _fwd_bwd_eps(x, w, dy, eps):
-    y, rstd, h = trainnorm.rms_norm_forward(x, w, eps)
-    dx, dw = trainnorm.rms_norm_backward(dy, h, w, rstd)
-    return y, rstd, h, dx, dw
 
 
 def test_all_zero_input_both_modes(device):
