@@ -17,6 +17,14 @@ def assert_bits_equal(a, b, what=""):
     assert torch.equal(bits(a), bits(b)), f"{what}: bits differ"
 
 
+def overflowed_with_ref(out, ref):
+    """Elements of out that are the infinity of the reference's sign where the float64
+    reference lies within rtol of out's dtype's largest finite value (a correct rounding)."""
+    ref = ref.double()
+    edge = ref.abs() >= torch.finfo(out.dtype).max * (1 - TOL["rtol"])
+    return edge & torch.isinf(out) & (torch.sign(out.double()) == torch.sign(ref))
+
+
 def assert_close64(out, ref, what=""):
     """out (any dtype) within atol = rtol = 1e-2 of a float64 reference, and finite,
     except where the reference itself lies within rtol of out's dtype's largest
@@ -24,8 +32,7 @@ def assert_close64(out, ref, what=""):
     with rstd = 1/sqrt(eps)), and out may also be the infinity of the reference's
     sign. NaN (what an unwritten, NaN-poisoned element reads as) never passes."""
     ref = ref.double()
-    edge = ref.abs() >= torch.finfo(out.dtype).max * (1 - TOL["rtol"])
-    overflowed = edge & torch.isinf(out) & (torch.sign(out.double()) == torch.sign(ref))
+    overflowed = overflowed_with_ref(out, ref)
     assert (torch.isfinite(out) | overflowed).all(), f"{what}: non-finite (unwritten?) elements"
     torch.testing.assert_close(torch.where(overflowed, ref, out.double()), ref, **TOL,
                                msg=lambda m: f"{what}: {m}")
