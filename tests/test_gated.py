@@ -112,3 +112,35 @@ def test_gated_cpu_reference_path(monkeypatch):
     x, z, w, dy = gated_case((6,), 384, seed=6, device="cpu")
     for nbg in (True, False):
         check(x, z, w, dy, nbg)
+
+
+def test_gated_table_entry_and_its_workspace(device, monkeypatch):
+    # a BWD_GATED entry (tune.py --gated) replaces the plain tile for the gated backward only; its
+    # chunking differs from the plain entry's, so the workspace is sized with gated=True
+    from trainnorm import configs
+    from trainnorm.configs import tuned
+    hidden, rows = 64, 200
+    monkeypatch.setitem(tuned.BWD_GATED, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2,
+                                                           min_rows_per_chunk=2, max_chunks=64))
+    configs.backward_config.cache_clear()
+    try:
+        gated = dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, True)
+        plain = dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, False)
+        assert (gated.cfg.block_m, gated.cfg.num_warps, gated.num_chunks) == (2, 2, 50)
+        assert plain.num_chunks < gated.num_chunks
+        assert trainnorm.backward_workspace_bytes(rows, hidden, gated=True) == gated.workspace_bytes
+        x, z, w, dy = gated_case((rows,), hidden, seed=5, device=device)
+        _, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS)
+        small = trainnorm.backward_workspace(rows, hidden, device=device)
+        with pytest.raises(ValueError, match="workspace"):
+            trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, workspace=small)
+        ws = trainnorm.backward_workspace(rows, hidden, device=device, gated=True)
+        got = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, workspace=ws)
+        ref = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd)
+        for a, b, what in zip(got, ref, ("dx", "dgate", "dw")):
+            assert_bits_equal(a, b, what)
+        check(x, z, w, dy, True)
+        with pytest.raises(TypeError, match="gated"):
+            trainnorm.backward_workspace_bytes(rows, hidden, gated=1)
+    finally:
+        configs.backward_config.cache_clear()

@@ -198,9 +198,11 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
                              f"H={h.shape[-1]}, got {workspace.numel()}")
 
 
-def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> int:
+def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,
+                             gated=False) -> int:
     """Bytes of scratch the backward needs for `rows` rows of width `hidden`
-    and activations of `dtype` (0 when it needs none)."""
+    and activations of `dtype` (0 when it needs none); gated=True sizes it for
+    rms_norm_gated_backward, whose tiles (and so chunking) may differ."""
     for name, v in (("rows", rows), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
@@ -211,15 +213,17 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
     if dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"dtype must be one of {_dtype_names(ACTIVATION_DTYPES)}, got {dtype}")
     _check_flag("deterministic", deterministic)
-    return dispatch.backward_plan(int(rows), int(hidden), dtype, deterministic, True).workspace_bytes
+    _check_flag("gated", gated)
+    return dispatch.backward_plan(int(rows), int(hidden), dtype, deterministic, True, gated).workspace_bytes
 
 
-def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16) -> torch.Tensor:
+def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,
+                       gated=False) -> torch.Tensor:
     """A zeroed uint8 scratch tensor for rms_norm_backward(..., workspace=...),
     reusable across calls of the same or smaller (rows, hidden) and the same
     mode, one stream at a time. The deterministic=False form needs it zeroed
     and leaves it zeroed: take it from here rather than from torch.empty."""
-    nbytes = backward_workspace_bytes(rows, hidden, deterministic=deterministic, dtype=dtype)
+    nbytes = backward_workspace_bytes(rows, hidden, deterministic=deterministic, dtype=dtype, gated=gated)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     return torch.zeros(nbytes, dtype=torch.uint8, device=device)

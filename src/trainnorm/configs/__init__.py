@@ -132,12 +132,17 @@ def forward_config(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | 
 @lru_cache(maxsize=None)
 def backward_config(hidden: int, dtype: torch.dtype, gated: bool = False) -> BwdConfig:
     elt = dtype.itemsize
+    if gated and (hidden, elt) in tuned.BWD_GATED:
+        return BwdConfig(**tuned.BWD_GATED[(hidden, elt)])    # measured with the gate (tune.py --gated)
     entry = tuned.BWD.get((hidden, elt))
     cfg = BwdConfig(**entry) if entry else _default_bwd(hidden, elt)
     if gated:
-        # The gated backward also holds z, sigmoid(z) and dz per element: with
-        # the plain tiles ptxas (CUDA 13.4, via Triton 3.9) spills up to ~8 KB
-        # per thread (H512 bm16 w4; tools/compile_check.py). Twice the warps
-        # halve each thread's share of the tile. Not yet timed on a GPU.
+        # Unmeasured gated widths: the gated backward also holds z, sigmoid(z)
+        # and dz per element: with the plain tiles ptxas (CUDA 13.4, via Triton
+        # 3.9) spills up to ~8 KB per thread (H512 bm16 w4;
+        # tools/compile_check.py). Twice the warps halve each thread's share of
+        # the tile. On the H200 this rule left H 128 (the default 16 x 128 tile
+        # at 16 warps) at 17-18% of the copy floor and H 4096 at 51-61%
+        # (docs/benchmarks/h200.md): tune.py --gated measures entries instead.
         cfg = replace(cfg, num_warps=min(16, 2 * cfg.num_warps))
     return cfg

@@ -102,3 +102,9 @@ BWD: dict = {
                    # det/atomic us: T1024 28.2/32.2, T4096 74.9/79.5, T16384 254.9/273.2
                    atomic_min_rows=NEVER),
 }
+
+# The gated backward (rms_norm_gated), keyed like BWD: `tools/tune.py
+# --sweep-bwd --gated`, the same sweep with a gate. A width without an entry
+# takes its BWD entry with twice the warps (configs.backward_config).
+BWD_GATED: dict = {
+}
