@@ -14,6 +14,10 @@ counts, the best by geomean over those counts (relative to the best at each
 count), then the fast form's edge (atomic_min_rows) for the winner; it writes
 tuned.py (configs/tuned.py with the BWD table replaced, each entry carrying its
 numbers) and sweep.json to --out.
+
+--sweep-bwd --gated does the same for the SiLU-gated backward
+(rms_norm_gated, gate after the norm) at the gated bench widths (H 4096, and
+H 128 as [T, 32, 128]) and writes the BWD_GATED table instead.
 """
 from __future__ import annotations
 
@@ -35,23 +39,33 @@ from trainnorm.bench.timing import L2Flush, make_timer, percentile, sample_inter
 from trainnorm.configs import BwdConfig, FwdConfig, tuned  # noqa: E402
 
 FAMILIES = {512: 1, 1536: 1, 2048: 1, 4096: 1, 5120: 1, 6144: 1, 256: 24}   # H -> heads per token
+GATED_FAMILIES = {4096: 1, 128: 32}    # the gated bench rows: H4096 and [T, 32, 128]
 
 
-def _set(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None, hidden: int = 0):
+def _heads(hidden, gated=False):
+    return (GATED_FAMILIES if gated else FAMILIES).get(hidden, 1)
+
+
+def _set(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None, hidden: int = 0, gated: bool = False):
     if fwd is not None:
         tuned.FWD[(hidden, 2)] = fwd.__dict__
     if bwd is not None:
-        tuned.BWD[(hidden, 2)] = bwd.__dict__
+        (tuned.BWD_GATED if gated else tuned.BWD)[(hidden, 2)] = bwd.__dict__
     configs.forward_config.cache_clear()
     configs.backward_config.cache_clear()
 
 
-def _inputs(hidden, tokens, dev):
-    heads = FAMILIES.get(hidden, 1)
+def _inputs(hidden, tokens, dev, gated=False):
+    """x, w, dy, rstd (and the gate z with gated=True)."""
+    heads = _heads(hidden, gated)
     shape = (tokens, heads, hidden) if heads > 1 else (tokens, hidden)
     x = torch.randn(shape, device=dev).to(torch.bfloat16)
     w = torch.randn(hidden, device=dev).to(torch.bfloat16)
     dy = torch.randn(shape, device=dev).to(torch.bfloat16)
+    if gated:
+        z = torch.randn(shape, device=dev).to(torch.bfloat16)
+        _, rstd = trainnorm.rms_norm_gated_forward(x, z, w)
+        return x, w, dy, rstd, z
     y, rstd, h = trainnorm.rms_norm_forward(x, w)
     return x, w, dy, rstd
 
@@ -139,6 +153,10 @@ SWEEP_TILES = {   # (block_m, num_warps) around the tiles stage 1 picked
     6144: [(1, 8), (1, 16), (2, 16)],
     256: [(32, 4), (16, 4), (64, 8)],
 }
+SWEEP_TILES_GATED = {
+    4096: [(1, 4), (1, 8), (2, 8), (1, 16), (2, 16)],
+    128: [(8, 4), (16, 4), (32, 4), (32, 8), (64, 8), (16, 8)],
+}
 SWEEP_T = (256, 1024, 4096, 16384, 65536)
 SWEEP_T_HEAD = (1024, 4096, 16384)      # x 24 rows per token
 # row-tile loads: (prefetch, tma_stages): plain, register prefetch, tensor descriptors 3 or 4 deep
@@ -152,25 +170,27 @@ def _geo(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def sweep_bwd(hidden, dev, flush, log):
+def sweep_bwd(hidden, dev, flush, log, gated=False):
     """{T: {(bm, nw, prefetch, ctas, max_chunks): us}} for the deterministic backward."""
-    toks = SWEEP_T_HEAD if FAMILIES.get(hidden, 1) > 1 else SWEEP_T
+    toks = SWEEP_T_HEAD if _heads(hidden, gated) > 1 else SWEEP_T
     bn = configs.next_pow2(hidden)
     res = {}
     for tokens in toks:
-        x, w, dy, rstd = _inputs(hidden, tokens, dev)
+        x, w, dy, rstd, *z = _inputs(hidden, tokens, dev, gated)
+        z = z[0] if z else None
         rows = rstd.numel()
         res[tokens] = {}
         d2s = (False, True) if hidden <= DW_2D_MAX_H else (False,)
-        for (bm, nw), (pf, st), d2 in itertools.product(SWEEP_TILES[hidden], SWEEP_LOADS, d2s):
+        tiles = (SWEEP_TILES_GATED if gated else SWEEP_TILES)[hidden]
+        for (bm, nw), (pf, st), d2 in itertools.product(tiles, SWEEP_LOADS, d2s):
             fns = {}
             for ctas, mx in SWEEP_SCHED:
                 cfg = BwdConfig(bm, bn, nw, min_rows_per_chunk=bm, max_chunks=mx, ctas_per_sm=ctas, prefetch=pf,
                                 tma_stages=st, dw_2d=d2)
-                _set(bwd=cfg, hidden=hidden)
-                ws = trainnorm.backward_workspace(rows, hidden, device=dev)
-                fns[(bm, nw, pf, st, d2, ctas, mx)] = (lambda cfg=cfg, ws=ws, dy=dy, x=x, w=w, rstd=rstd:
-                                                       _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+                _set(bwd=cfg, hidden=hidden, gated=gated)
+                ws = trainnorm.backward_workspace(rows, hidden, device=dev, gated=gated)
+                fns[(bm, nw, pf, st, d2, ctas, mx)] = (lambda cfg=cfg, ws=ws, dy=dy, x=x, w=w, rstd=rstd, z=z:
+                                                       _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z))
             try:
                 t = time_fns(fns, flush, passes=2, samples=6)
                 res[tokens].update(t)
@@ -179,7 +199,7 @@ def sweep_bwd(hidden, dev, flush, log):
                     f"{type(e).__name__}: {str(e)[:80]}")
         best = min(res[tokens].items(), key=lambda kv: kv[1])
         log(f"  H{hidden} T{tokens}: best {_key(best[0])} {best[1]:.1f} us")
-        del x, w, dy, rstd
+        del x, w, dy, rstd, z
         torch.cuda.empty_cache()
     return res
 
@@ -189,32 +209,35 @@ def _key(k):
     return f"bm{bm} w{nw}{' pf' if pf else ''}{f' tma{st}' if st else ''}{' d2' if d2 else ''} c{ctas} max{mx}"
 
 
-def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det):
+def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det, z=None):
     # the graph captures the launch made with cfg; the table is set before capture and replay alike
-    _set(bwd=cfg, hidden=hidden)
+    _set(bwd=cfg, hidden=hidden, gated=z is not None)
+    if z is not None:
+        return trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=det, workspace=ws)
     return trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det, workspace=ws)
 
 
-def fast_edge(hidden, cfg, dev, flush):
+def fast_edge(hidden, cfg, dev, flush, gated=False):
     """{T: (det us, atomic us)} of cfg with the atomic form forced on."""
-    toks = SWEEP_T_HEAD if FAMILIES.get(hidden, 1) > 1 else SWEEP_T
+    toks = SWEEP_T_HEAD if _heads(hidden, gated) > 1 else SWEEP_T
     out = {}
     atomic = replace(cfg, atomic_min_rows=0)
     for tokens in toks:
-        x, w, dy, rstd = _inputs(hidden, tokens, dev)
+        x, w, dy, rstd, *z = _inputs(hidden, tokens, dev, gated)
+        z = z[0] if z else None
         rows = rstd.numel()
-        _set(bwd=atomic, hidden=hidden)   # the workspaces are sized by the table
-        ws_d = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=dev)
-        ws_f = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=dev)
-        t = time_fns({"det": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_d, True),
-                      "fast": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_f, False)},
+        _set(bwd=atomic, hidden=hidden, gated=gated)   # the workspaces are sized by the table
+        ws_d = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=dev, gated=gated)
+        ws_f = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=dev, gated=gated)
+        t = time_fns({"det": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_d, True, z),
+                      "fast": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_f, False, z)},
                      flush, passes=3, samples=6)
         out[tokens] = (t["det"], t["fast"], rows)
     return out
 
 
-def render_bwd_table(chosen) -> str:
-    lines = ["BWD: dict = {"]
+def render_bwd_table(chosen, name="BWD") -> str:
+    lines = [f"{name}: dict = {{"]
     for hidden, c in chosen.items():
         cfg, note, edge_note = c["cfg"], c["note"], c["edge_note"]
         lines.append(f"    # {note}")
@@ -229,26 +252,30 @@ def render_bwd_table(chosen) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tuned(chosen, path):
+def write_tuned(chosen, path, gated=False):
+    """tuned.py with the BWD (or BWD_GATED) table replaced by `chosen` plus the entries not swept."""
     import re
+    name = "BWD_GATED" if gated else "BWD"
     src = open(tuned.__file__).read()
-    table = render_bwd_table(chosen)
+    table = render_bwd_table(chosen, name)
     kept = "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
-                   for key, entry in ORIGINAL_BWD.items() if key[0] not in chosen)
+                   for key, entry in (ORIGINAL_BWD_GATED if gated else ORIGINAL_BWD).items() if key[0] not in chosen)
     table = table[:-2] + kept + "}\n"
     with open(path, "w") as f:
-        f.write(re.sub(r"BWD: dict = \{.*?\n\}\n", lambda m: table, src, flags=re.S))
+        f.write(re.sub(rf"^{name}: dict = \{{.*?\n\}}\n", lambda m: table, src, count=1, flags=re.S | re.M))
 
 
 ORIGINAL_BWD = dict(tuned.BWD)
+ORIGINAL_BWD_GATED = dict(tuned.BWD_GATED)
 
 
 def main_sweep(args, dev, flush, log):
     chosen, raw = {}, {}
     t0 = time.time()
     for hidden in [int(h) for h in args.hidden.split(",")]:
-        previous = dict(tuned.BWD.get((hidden, 2), {}))
-        res = sweep_bwd(hidden, dev, flush, log)
+        gated = args.gated
+        previous = dict((tuned.BWD_GATED if gated else tuned.BWD).get((hidden, 2), {}))
+        res = sweep_bwd(hidden, dev, flush, log, gated)
         keys = set.intersection(*(set(v) for v in res.values()))
         best_t = {t: min(v.values()) for t, v in res.items()}
         score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in keys}
@@ -257,7 +284,7 @@ def main_sweep(args, dev, flush, log):
         bm, nw, pf, st, d2, ctas, mx = k
         cfg = BwdConfig(bm, configs.next_pow2(hidden), nw, min_rows_per_chunk=bm, max_chunks=mx,
                         ctas_per_sm=ctas, prefetch=pf, tma_stages=st, dw_2d=d2)
-        edge = fast_edge(hidden, cfg, dev, flush)
+        edge = fast_edge(hidden, cfg, dev, flush, gated)
         # the atomic form from the smallest measured count from which it is faster at every larger one
         toks = sorted(edge)
         start = None
@@ -265,7 +292,7 @@ def main_sweep(args, dev, flush, log):
             if all(edge[u][1] <= edge[u][0] for u in toks[i:]):
                 start = t
                 break
-        rows_per_token = FAMILIES.get(hidden, 1)
+        rows_per_token = _heads(hidden, gated)
         amr = tuned.NEVER if start is None else (0 if start == toks[0] else start * rows_per_token)
         cfg = replace(cfg, atomic_min_rows=amr)
         times = ", ".join(f"T{t} {res[t][k]:.1f}" for t in sorted(res))
@@ -280,18 +307,24 @@ def main_sweep(args, dev, flush, log):
         with open(os.path.join(args.out, "sweep.json"), "w") as f:
             json.dump(raw, f, indent=1)
         # rewritten after every width, so a run cut short keeps what it chose
-        write_tuned(chosen, os.path.join(args.out, "tuned.py"))
+        write_tuned(chosen, os.path.join(args.out, "tuned.py"), gated)
     log(f"wrote {os.path.join(args.out, 'tuned.py')}")
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="tune-out")
-    p.add_argument("--hidden", default=",".join(str(h) for h in FAMILIES))
+    p.add_argument("--hidden", default=None,
+                   help="comma-separated widths (default: the bench families; with --gated, 4096,128)")
     p.add_argument("--tokens1", type=int, default=16384)
     p.add_argument("--tokens2", default="16,256,1024,4096,16384,65536")
     p.add_argument("--sweep-bwd", action="store_true", help="sweep the backward and write tuned.py (see above)")
+    p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (BWD_GATED)")
     args = p.parse_args()
+    if args.hidden is None:
+        args.hidden = ",".join(str(h) for h in (GATED_FAMILIES if args.gated else FAMILIES))
+    if args.gated and not args.sweep_bwd:
+        p.error("--gated needs --sweep-bwd")
     dev = "cuda"
     flush = L2Flush(dev)
     os.makedirs(args.out, exist_ok=True)
