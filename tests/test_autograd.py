@@ -108,3 +108,17 @@ def test_torch_compile_fullgraph(device):
     xr = torch.randn(5, 256, device=device)
     y, h = f(xr, xr, torch.ones(256, device=device))
     assert_bits_equal(h, xr + xr)
+
+
+def test_direct_op_call_with_grad_has_no_formula(device):
+    # the ops' autograd is RMSNormFunction: a direct call on tensors that require grad computes,
+    # and its backward is a clear error rather than a silent wrong gradient
+    case = make_case("normal", (3,), 64, seed=4, device=device)
+    x = case.x.clone().requires_grad_()
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, case.weight, None, None, 1e-6, True)
+    with torch.no_grad():
+        y0, rstd0, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, case.weight, None, None, 1e-6, True)
+    assert y.requires_grad and not y0.requires_grad
+    assert_bits_equal(y.detach(), y0, "y")
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        y.float().sum().backward()
