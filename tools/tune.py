@@ -158,7 +158,7 @@ SWEEP_TILES_GATED = {
     128: [(8, 4), (16, 4), (32, 4), (32, 8), (64, 8), (16, 8)],
 }
 SWEEP_T = (256, 1024, 4096, 16384, 65536)
-SWEEP_T_HEAD = (1024, 4096, 16384)      # x 24 rows per token
+SWEEP_T_HEAD = (1024, 4096, 16384)      # x the heads per token (24 for H 256, 32 for gated H 128)
 # row-tile loads: (prefetch, tma_stages): plain, register prefetch, tensor descriptors 3 or 4 deep
 SWEEP_LOADS = ((False, 0), (True, 0), (False, 3), (False, 4))
 DW_2D_MAX_H = 2048      # dw_2d is swept up to this H (wider tiles hold too many float64 sums)
