@@ -333,3 +333,34 @@ def test_dw_2d(device, monkeypatch, form):
     assert_bits_equal(outs[0][0], outs[1][0], "dx with dw_2d vs without")
     if form != "atomic":
         assert_bits_equal(outs[1][1], outs[2][1], "dw_2d repeat")
+
+
+def test_direct_window(device, monkeypatch):
+    # rows up to direct_max_rows form one chunk: one launch, no workspace, the same form in both
+    # modes; its own load fields apply to any one-chunk launch. dx keeps its bits (same tile);
+    # dw is within the budget and reproduces; above the window the chunking is the usual one
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    base = replace(backward_config(hidden, torch.bfloat16), block_m=4, min_rows_per_chunk=4, max_chunks=8,
+                   atomic_min_rows=0)
+    win = replace(base, direct_max_rows=41, direct_tma_stages=2, direct_prefetch=False)
+    assert win.chunking(41) == (1, 44) and win.chunking(42) == base.chunking(42) == (6, 8)
+    assert win.loads(1) == (False, 2) and win.loads(8) == (base.prefetch, base.tma_stages)
+    assert replace(base, prefetch=True).loads(1) == (True, base.tma_stages)
+    case = make_case("outlier", (41,), hidden, seed=3, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
+    outs = {}
+    for name, cfg in (("chunked", base), ("direct", win)):
+        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
+        for det in (True, False):
+            plan = dispatch.backward_plan(41, hidden, torch.bfloat16, det, True)
+            assert plan.dw_mode == ((dispatch.DW_PARTIAL if det else dispatch.DW_ATOMIC) if name == "chunked"
+                                    else dispatch.DW_DIRECT)
+            assert (plan.workspace_bytes == 0) == (name == "direct")
+            outs[name, det] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=det)
+            check_backward(case.dy, h, case.weight, rstd, None, *outs[name, det])
+    for det in (True, False):
+        assert_bits_equal(outs["chunked", det][0], outs["direct", det][0], "dx direct vs chunked")
+    assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")

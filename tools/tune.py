@@ -252,21 +252,182 @@ def render_bwd_table(chosen, name="BWD") -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_table(path, name, table):
+    """`path` with the table `name` replaced by the text `table`; a path that does not exist yet
+    starts as configs/tuned.py, so sweeps writing to one --out add up."""
+    import re
+    src = open(path if os.path.exists(path) else tuned.__file__).read()
+    out, n = re.subn(rf"^{name}: dict = \{{.*?\n\}}\n", lambda m: table, src, count=1, flags=re.S | re.M)
+    if n != 1:
+        raise ValueError(f"{tuned.__file__} has no table {name}")
+    with open(path, "w") as f:
+        f.write(out)
+
+
+def _kept(original, chosen):
+    return "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
+                   for key, entry in original.items() if key[0] not in chosen)
+
+
 def write_tuned(chosen, path, gated=False):
     """tuned.py with the BWD (or BWD_GATED) table replaced by `chosen` plus the entries not swept."""
-    import re
     name = "BWD_GATED" if gated else "BWD"
-    src = open(tuned.__file__).read()
     table = render_bwd_table(chosen, name)
-    kept = "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
-                   for key, entry in (ORIGINAL_BWD_GATED if gated else ORIGINAL_BWD).items() if key[0] not in chosen)
-    table = table[:-2] + kept + "}\n"
-    with open(path, "w") as f:
-        f.write(re.sub(rf"^{name}: dict = \{{.*?\n\}}\n", lambda m: table, src, count=1, flags=re.S | re.M))
+    table = table[:-2] + _kept(ORIGINAL_BWD_GATED if gated else ORIGINAL_BWD, chosen) + "}\n"
+    write_table(path, name, table)
 
 
 ORIGINAL_BWD = dict(tuned.BWD)
 ORIGINAL_BWD_GATED = dict(tuned.BWD_GATED)
+ORIGINAL_BWD_DIRECT = dict(tuned.BWD_DIRECT)
+ORIGINAL_FWD = dict(tuned.FWD)
+ORIGINAL_FWD_W32 = dict(tuned.FWD_W32)
+
+
+# --- the backward's one-chunk window (--sweep-small) ----------------------------------------
+
+SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128)
+SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
+# loads of the one-chunk form: (prefetch, tma_stages)
+SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
+
+
+def _loads_key(pf, st):
+    return "plain" if not pf and not st else ("prefetch" if pf else f"tma{st}")
+
+
+def sweep_small(hidden, dev, flush, log):
+    """{T: {name: us}}: the table's form ("table") and one chunk with each load form, interleaved per T."""
+    base = replace(configs.backward_config(hidden, torch.bfloat16), direct_max_rows=0,
+                   direct_prefetch=None, direct_tma_stages=None)
+    res = {}
+    for tokens in SMALL_T:
+        x, w, dy, rstd = _inputs(hidden, tokens, dev)
+        _set(bwd=base, hidden=hidden)
+        ws = trainnorm.backward_workspace(rstd.numel(), hidden, device=dev)
+        fns = {"table": lambda ws=ws, x=x, w=w, dy=dy, rstd=rstd: _bwd_with(base, hidden, dy, x, w, rstd, ws, True)}
+        for pf, st in SMALL_LOADS:
+            cfg = replace(base, direct_max_rows=1 << 40, direct_prefetch=pf, direct_tma_stages=st)
+            fns[_loads_key(pf, st)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+                                       _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
+        res[tokens] = time_fns(fns, flush, passes=3, samples=8)
+        log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
+    tuned.BWD.clear()
+    tuned.BWD.update(ORIGINAL_BWD)
+    configs.backward_config.cache_clear()
+    return base, res
+
+
+def choose_small(res):
+    """(loads name, direct_max_rows, note): the load form with the best geomean against the table over
+    the counts where some one-chunk form beats it, and the window up to the last count from which
+    that form is faster at every count below."""
+    toks = sorted(res)
+    names = [k for k in res[toks[0]] if k != "table"]
+    win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
+    best = min(names, key=lambda k: _geo([res[t][k] / res[t]["table"] for t in win]))
+    edge = 0
+    for t in toks:
+        if res[t][best] >= res[t]["table"]:
+            break
+        edge = t
+    note = ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+    if edge == 0:
+        return None, 0, note     # no count where the one-chunk form pays: the table's forms stay
+    return best, edge if edge > 1 else 0, note
+
+
+def main_small(args, dev, flush, log):
+    lines, raw = [], {}
+    tuned.BWD_DIRECT.clear()     # "table" is the BWD entry alone
+    configs.backward_config.cache_clear()
+    for hidden in [int(h) for h in args.hidden.split(",")]:
+        base, res = sweep_small(hidden, dev, flush, log)
+        best, edge, note = choose_small(res)
+        raw[hidden] = {"times": {str(t): v for t, v in res.items()}, "loads": best, "direct_max_rows": edge}
+        log(f"H{hidden}: one chunk ({best}) up to {edge} rows | table/one-chunk us: {note}")
+        lines.append(f"    # table/one-chunk {best} us: {note}")
+        if best is None:
+            lines[-1] += f" (H{hidden}: no entry, the table's forms stay)"
+        else:
+            pf, st = next((p, s) for p, s in SMALL_LOADS if _loads_key(p, s) == best)
+            lines.append(f"    ({hidden}, 2): dict(direct_max_rows={edge}, direct_prefetch={pf}, "
+                         f"direct_tma_stages={st}),")
+        table = "BWD_DIRECT: dict = {\n" + "\n".join(lines) + "\n" + _kept(ORIGINAL_BWD_DIRECT, raw) + "}\n"
+        write_table(os.path.join(args.out, "tuned.py"), "BWD_DIRECT", table)
+        with open(os.path.join(args.out, "sweep-small.json"), "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+# --- the forward tile over token counts (--sweep-fwd) ---------------------------------------
+
+FWD_T = (1, 16, 1024, 16384, 65536)
+FWD_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
+FWD_W32_WIDTHS = (5120, 6144)     # the bench's float32-weight rows
+
+
+def fwd_sweep_candidates(hidden):
+    bn = configs.next_pow2(hidden)
+    for bm, nw in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16)):
+        per_thread = bm * bn // (32 * nw)
+        if bm * bn <= 16384 and 4 <= per_thread <= 256 and (nw > 2 or bn <= 1024):
+            yield FwdConfig(bm, bn, nw)
+
+
+def _fwd_with(cfg, hidden, x, w, w32):
+    (tuned.FWD_W32 if w32 else tuned.FWD)[(hidden, 2)] = cfg.__dict__
+    configs.forward_config.cache_clear()
+    return trainnorm.rms_norm_forward(x, w)
+
+
+def sweep_fwd(hidden, dev, flush, log, w32=False):
+    """{T: {(bm, nw): us}} of the forward (float32 weight with w32), every candidate interleaved per T."""
+    cands = list(fwd_sweep_candidates(hidden))
+    res = {}
+    for tokens in FWD_T:
+        x = torch.randn(tokens, hidden, device=dev).to(torch.bfloat16)
+        w = torch.randn(hidden, device=dev).to(torch.float32 if w32 else torch.bfloat16)
+        fns = {(c.block_m, c.num_warps): (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, w32)) for c in cands}
+        res[tokens] = time_fns(fns, flush, passes=2, samples=8)
+        b = min(res[tokens], key=res[tokens].get)
+        log(f"  H{hidden}{' w32' if w32 else ''} T{tokens}: best bm{b[0]} w{b[1]} {res[tokens][b]:.2f} us")
+        del x, w
+        torch.cuda.empty_cache()
+    return res
+
+
+def main_fwd(args, dev, flush, log):
+    raw = {}
+    for w32 in (False, True):
+        name = "FWD_W32" if w32 else "FWD"
+        original = ORIGINAL_FWD_W32 if w32 else ORIGINAL_FWD
+        widths = [int(h) for h in args.hidden.split(",") if not w32 or int(h) in FWD_W32_WIDTHS]
+        lines, chosen = [], {}
+        for hidden in widths:
+            res = sweep_fwd(hidden, dev, flush, log, w32)
+            best_t = {t: min(v.values()) for t, v in res.items()}
+            score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in res[FWD_T[0]]}
+            k = min(score, key=score.get)
+            prev = original.get((hidden, 2)) or (ORIGINAL_FWD.get((hidden, 2)) if w32 else None)
+            pk = (prev["block_m"], prev["num_warps"]) if prev else None
+            times = ", ".join(f"T{t} {res[t][k]:.2f}" for t in sorted(res))
+            prev_note = (f"; previous bm{pk[0]} w{pk[1]} x{score[pk]:.3f}: "
+                         + ", ".join(f"T{t} {res[t][pk]:.2f}" for t in sorted(res))) if pk in score else ""
+            lines.append(f"    # bm{k[0]} w{k[1]}: {times} us; x{score[k]:.3f} geomean, worst "
+                         f"x{max(res[t][k] / best_t[t] for t in res):.2f} of the best per T over {len(score)}{prev_note}")
+            lines.append(f"    ({hidden}, 2): dict(block_m={k[0]}, block_n={configs.next_pow2(hidden)}, num_warps={k[1]}),")
+            chosen[hidden] = k
+            raw[f"{name} {hidden}"] = {"times": {str(t): {f"bm{a} w{b}": v for (a, b), v in r.items()}
+                                                 for t, r in res.items()}, "chosen": f"bm{k[0]} w{k[1]}"}
+            log(f"{name} H{hidden}: {lines[-2][6:]}")
+            table = f"{name}: dict = {{\n" + "\n".join(lines) + "\n" + _kept(original, chosen) + "}\n"
+            write_table(os.path.join(args.out, "tuned.py"), name, table)
+            with open(os.path.join(args.out, "sweep-fwd.json"), "w") as f:
+                json.dump(raw, f, indent=1)
+    for table, original in ((tuned.FWD, ORIGINAL_FWD), (tuned.FWD_W32, ORIGINAL_FWD_W32)):
+        table.clear()
+        table.update(original)
+    configs.forward_config.cache_clear()
 
 
 def main_sweep(args, dev, flush, log):
@@ -320,9 +481,15 @@ def main():
     p.add_argument("--tokens2", default="16,256,1024,4096,16384,65536")
     p.add_argument("--sweep-bwd", action="store_true", help="sweep the backward and write tuned.py (see above)")
     p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (BWD_GATED)")
+    p.add_argument("--sweep-small", action="store_true",
+                   help="the backward's one-chunk window at small T; writes the BWD_DIRECT table")
+    p.add_argument("--sweep-fwd", action="store_true",
+                   help="the forward tile over token counts 1-65536; writes the FWD and FWD_W32 tables")
     args = p.parse_args()
     if args.hidden is None:
-        args.hidden = ",".join(str(h) for h in (GATED_FAMILIES if args.gated else FAMILIES))
+        widths = SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd else (
+            GATED_FAMILIES if args.gated else FAMILIES)
+        args.hidden = ",".join(str(h) for h in widths)
     if args.gated and not args.sweep_bwd:
         p.error("--gated needs --sweep-bwd")
     dev = "cuda"
@@ -334,6 +501,12 @@ def main():
         print(s, flush=True)
         log_lines.append(s)
 
+    for flag, fn in ((args.sweep_small, main_small), (args.sweep_fwd, main_fwd)):
+        if flag:
+            fn(args, dev, flush, log)
+            with open(os.path.join(args.out, "tune.txt"), "w") as f:
+                f.write("\n".join(log_lines) + "\n")
+            return
     if args.sweep_bwd:
         main_sweep(args, dev, flush, log)
         with open(os.path.join(args.out, "tune.txt"), "w") as f:

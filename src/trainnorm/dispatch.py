@@ -252,7 +252,8 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
     zv, szt, szh = next(rest) if gate is not None else (dyv, 0, 0)
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
-    stages = cfg.tma_stages if plan.col_tiles == 1 and _tma_ok(nh, (dyv, sdyt), (hv, sht)) else 0
+    prefetch, stages = cfg.loads(plan.num_chunks)
+    stages = stages if plan.col_tiles == 1 and _tma_ok(nh, (dyv, sdyt), (hv, sht)) else 0
     if stages:
         desc_dy, desc_h = (_row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
                            for t, st in ((dyv, sdyt), (hv, sht)))
@@ -268,7 +269,7 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
-            DW_MODE=plan.dw_mode, PREFETCH=cfg.prefetch and plan.col_tiles == 1 and not stages,
+            DW_MODE=plan.dw_mode, PREFETCH=prefetch and plan.col_tiles == 1 and not stages,
             TMA_STAGES=stages or None, DW_2D=cfg.dw_2d and plan.col_tiles == 1,
             WIDE_TERMS=dy.element_size() > 2 or h.element_size() > 2,
             INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,

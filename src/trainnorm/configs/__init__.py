@@ -61,14 +61,31 @@ class BwdConfig:
     # keep a float64 dw sum per tile position, added across the tile's rows once
     # per chunk (kernels/backward.py, DW_2D): changes dw's addition order
     dw_2d: bool = False
+    # up to this many rows, all rows form one chunk: one program, dw stored
+    # directly (one launch and no workspace, in both modes). Changes dw's
+    # addition order there (a function of rows only); dx is untouched
+    direct_max_rows: int = 0
+    # row-tile loads of the one-chunk form (any rows that form one chunk):
+    # tma_stages / prefetch of their own, None: the fields above. Timing only
+    direct_tma_stages: int | None = None
+    direct_prefetch: bool | None = None
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)
+
+    def loads(self, num_chunks: int) -> tuple[bool, int]:
+        """(prefetch, tma_stages) requested for a launch of num_chunks chunks."""
+        if num_chunks == 1:
+            return (self.prefetch if self.direct_prefetch is None else self.direct_prefetch,
+                    self.tma_stages if self.direct_tma_stages is None else self.direct_tma_stages)
+        return self.prefetch, self.tma_stages
 
     def chunking(self, rows: int) -> tuple[int, int]:
         """(num_chunks, rows_per_chunk): a function of rows (and this config) only."""
         if rows == 0:
             return 0, 0
+        if rows <= self.direct_max_rows:
+            return 1, cdiv(rows, self.block_m) * self.block_m
         rpc = max(self.min_rows_per_chunk, cdiv(rows, self.max_chunks))
         rpc = cdiv(rpc, self.block_m) * self.block_m
         return cdiv(rows, rpc), rpc
@@ -136,6 +153,8 @@ def backward_config(hidden: int, dtype: torch.dtype, gated: bool = False) -> Bwd
         return BwdConfig(**tuned.BWD_GATED[(hidden, elt)])    # measured with the gate (tune.py --gated)
     entry = tuned.BWD.get((hidden, elt))
     cfg = BwdConfig(**entry) if entry else _default_bwd(hidden, elt)
+    if not gated and (hidden, elt) in tuned.BWD_DIRECT:
+        cfg = replace(cfg, **tuned.BWD_DIRECT[(hidden, elt)])   # the one-chunk window (tune.py --sweep-small)
     if gated:
         # Unmeasured gated widths: the gated backward also holds z, sigmoid(z)
         # and dz per element: with the plain tiles ptxas (CUDA 13.4, via Triton

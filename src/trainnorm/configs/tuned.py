@@ -108,3 +108,10 @@ BWD: dict = {
 # takes its BWD entry with twice the warps (configs.backward_config).
 BWD_GATED: dict = {
 }
+
+# The one-chunk window of the plain backward (BwdConfig.direct_max_rows and the
+# one-chunk form's loads), merged into the BWD entry: `tools/tune.py
+# --sweep-small`, the BWD entry's chunking against one chunk with each load
+# form at small T. Empty: no window (every rows count is chunked by BWD).
+BWD_DIRECT: dict = {
+}
