@@ -144,3 +144,30 @@ def test_gated_table_entry_and_its_workspace(device, monkeypatch):
             trainnorm.backward_workspace_bytes(rows, hidden, gated=1)
     finally:
         configs.backward_config.cache_clear()
+
+
+def test_gated_workspace_smaller_than_the_plain_one(device, monkeypatch):
+    # the gated backward's workspace is checked against the gated plan: a gated entry whose fast
+    # mode is the atomic form needs H * 8 + 8 bytes where the plain entry's chunked form needs
+    # far more; the gated size is accepted, and one byte less is refused before any launch
+    from trainnorm import configs
+    from trainnorm.configs import tuned
+    hidden, rows = 64, 200
+    monkeypatch.setitem(tuned.BWD_GATED, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2,
+                                                           min_rows_per_chunk=2, max_chunks=64, atomic_min_rows=0))
+    monkeypatch.setitem(tuned.BWD, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2, min_rows_per_chunk=2,
+                                                     max_chunks=64, atomic_min_rows=tuned.NEVER))
+    configs.backward_config.cache_clear()
+    try:
+        need = trainnorm.backward_workspace_bytes(rows, hidden, deterministic=False, gated=True)
+        assert need == hidden * 8 + 8 < trainnorm.backward_workspace_bytes(rows, hidden, deterministic=False)
+        x, z, w, dy = gated_case((rows,), hidden, seed=7, device=device)
+        _, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS)
+        ws = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=device, gated=True)
+        got = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=False, workspace=ws)
+        ref = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd)
+        assert_bits_equal(got[0], ref[0], "dx")
+        with pytest.raises(ValueError, match=f"workspace must hold {need} bytes"):
+            trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=False, workspace=ws[:need - 8])
+    finally:
+        configs.backward_config.cache_clear()

@@ -137,7 +137,7 @@ def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True,
                             workspace=None):
     """Explicit gated backward: (dx, dgate, dw); dw is float32 [H], or None
     without a weight."""
-    _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x")
+    _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x", gated=True)
     _check_gate(gate, x)
     _check_flag("norm_before_gate", norm_before_gate)
     weight = _check_weight(weight, x)
@@ -168,7 +168,7 @@ def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, works
     return dx, (dw if weight is not None else None)
 
 
-def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_name="h"):
+def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_name="h", gated=False):
     n = h_name
     _check_activation(n, h)
     _check_like("dy", dy, h, n)
@@ -192,7 +192,8 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
         if workspace.data_ptr() % 8:
             raise ValueError("workspace must start at an 8-byte aligned address (it holds float64 "
                              "partials); a slice of backward_workspace() at an offset of 8k bytes is")
-        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype)
+        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype,
+                                        gated=gated)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
                              f"H={h.shape[-1]}, got {workspace.numel()}")
