@@ -369,6 +369,7 @@ def test_merge_runs_over_different_rows(tmp_path):
     assert ratios[("H4096 T4096", "bwd")] == pytest.approx(0.9)
     assert merged["copy_bandwidth_bytes_per_s"] == pytest.approx(4.2e12)   # median of 4.0 and 4.2 (upper)
     assert "later" in merged["env"]["merged from"]
+    assert merged["config"]["rows"] == "2 (2 seed, 0 small-T)"
 
 
 def test_skip_done_leaves_out_only_rows_measured_for_every_op(tmp_path, capsys):

@@ -421,7 +421,8 @@ def merge(parts: list[BenchResult]) -> BenchResult:
     for p in parts:
         unavailable.update(p.unavailable)
     unavailable = {k: v for k, v in unavailable.items() if k not in impls}
-    return BenchResult(env, dict(parts[-1].config), rows, ops, impls,
+    config = dict(parts[-1].config, rows=shapes.describe(rows))    # the merged rows, not the last part's
+    return BenchResult(env, config, rows, ops, impls,
                        bws[len(bws) // 2] if bws else None, list(cells.values()), unavailable)
 
 

@@ -413,7 +413,7 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
     with torch.cuda.device(device), torch.cuda.stream(stream):
         env = environment(device, wanted, unavailable)
         config = {
-            "rows": f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T)",
+            "rows": shapes.describe(rows),
             "ops": ",".join(ops),
             "passes x samples": f"{args.passes} x {samples} per implementation",
             "inputs": f"bfloat16 activations, weight bfloat16 (float32 on w32 rows), eps {EPS:g}",

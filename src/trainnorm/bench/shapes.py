@@ -236,3 +236,8 @@ def op_bytes(row: Row, op: str) -> int:
 def floor_us(row: Row, op: str, copy_bytes_per_s: float) -> float:
     """The copy-bandwidth floor of an op, in microseconds."""
     return op_bytes(row, op) / copy_bytes_per_s * 1e6
+
+
+def describe(rows: list[Row]) -> str:
+    """The header's count of rows: "N (S seed, K small-T)"."""
+    return f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T)"
