@@ -4,8 +4,13 @@ Measured on one H200 (132 SMs, torch 2.11, Triton 3.6), bf16 activations and
 weight, random normal inputs; times are medians of CUDA-graph replays after an
 L2 flush.
 
-FWD: `tools/tune.py` stage 1 (block_m, num_warps) at T = 16384 tokens
-(H = 256: [16384, 24, 256]).
+FWD, FWD_W32: `tools/tune.py --sweep-fwd`: every forward tile (block_m,
+num_warps) timed interleaved at T = 1, 16, 1024, 16384, 65536; the entry is the
+tile with the lowest geomean of its time relative to the best tile at each T
+(the line above it gives its times and those of the previous entry). H = 256
+keeps its stage-1 entry ([16384, 24, 256]).
+
+BWD_DIRECT: `tools/tune.py --sweep-small` (see the table).
 
 BWD: `tools/tune.py --sweep-bwd` (raw data: docs/benchmarks/tune/h200-sweep-bwd.*):
 every candidate tile (block_m, num_warps), with and without prefetch, 2 or 4
@@ -35,13 +40,20 @@ and the GPU tests.
 NEVER = 1 << 40
 # (H, elt) -> FwdConfig fields
 FWD: dict = {
-    (512, 2): dict(block_m=4, block_n=512, num_warps=2),      # 13.9 us; bm8 w2 14.1, bm8 w4 14.1
-    (1536, 2): dict(block_m=2, block_n=2048, num_warps=4),    # 29.6 us; bm2 w2 30.0, bm4 w4 30.0
-    (2048, 2): dict(block_m=1, block_n=2048, num_warps=4),    # 38.1 us; bm2 w8 38.2, bm4 w8 38.4
-    (4096, 2): dict(block_m=4, block_n=4096, num_warps=16),   # 71.4 us; bm2 w2 71.5, bm4 w4 71.5
-    (5120, 2): dict(block_m=1, block_n=8192, num_warps=4),    # 92.8 us; bm1 w8 93.0, bm1 w2 98.1
-    (6144, 2): dict(block_m=1, block_n=8192, num_warps=4),    # 102.6 us; bm1 w8 103.1, bm2 w4 108.0
-    (256, 2): dict(block_m=8, block_n=256, num_warps=2),      # 101.1 us; bm32 w16 100.8, bm8 w4 101.4
+    # bm2 w2: T1 4.61, T16 4.64, T1024 5.17, T16384 14.19, T65536 39.07 us; x1.022 geomean, worst x1.05 of the best per T over 17; previous bm4 w2 x1.074: T1 4.86, T16 4.86, T1024 5.89, T16384 14.59, T65536 38.67
+    (512, 2): dict(block_m=2, block_n=512, num_warps=2),
+    # bm2 w4: T1 4.64, T16 4.83, T1024 6.90, T16384 30.08, T65536 100.64 us; x1.023 geomean, worst x1.06 of the best per T over 12; previous bm2 w4 x1.023: T1 4.64, T16 4.83, T1024 6.90, T16384 30.08, T65536 100.64
+    (1536, 2): dict(block_m=2, block_n=2048, num_warps=4),
+    # bm2 w4: T1 4.74, T16 4.90, T1024 7.33, T16384 38.26, T65536 135.65 us; x1.018 geomean, worst x1.04 of the best per T over 12; previous bm1 w4 x1.045: T1 5.33, T16 5.12, T1024 7.31, T16384 38.45, T65536 131.26
+    (2048, 2): dict(block_m=2, block_n=2048, num_warps=4),
+    # bm2 w8: T1 5.12, T16 5.22, T1024 8.93, T16384 70.40, T65536 263.04 us; x1.018 geomean, worst x1.04 of the best per T over 9; previous bm4 w16 x1.067: T1 5.34, T16 5.82, T1024 9.58, T16384 71.47, T65536 262.69
+    (4096, 2): dict(block_m=2, block_n=4096, num_warps=8),
+    # bm1 w4: T1 5.09, T16 5.97, T1024 11.49, T16384 92.72, T65536 351.12 us; x1.022 geomean, worst x1.11 of the best per T over 6; previous bm1 w4 x1.022: T1 5.09, T16 5.97, T1024 11.49, T16384 92.72, T65536 351.12
+    (5120, 2): dict(block_m=1, block_n=8192, num_warps=4),
+    # bm1 w4: T1 5.46, T16 5.86, T1024 12.40, T16384 102.29, T65536 388.53 us; x1.035 geomean, worst x1.10 of the best per T over 6; previous bm1 w4 x1.035: T1 5.46, T16 5.86, T1024 12.40, T16384 102.29, T65536 388.53
+    (6144, 2): dict(block_m=1, block_n=8192, num_warps=4),
+    # not swept (stage 1 at [16384, 24, 256]): 101.1 us; bm32 w16 100.8, bm8 w4 101.4
+    (256, 2): dict(block_m=8, block_n=256, num_warps=2),
 }
 # (H, elt) -> FwdConfig fields with a float32 weight (16-bit activations), where they
 # differ from FWD. One H200, T = 16384 / 65536, us (float32 weight; bf16 weight in brackets):
@@ -49,7 +61,9 @@ FWD: dict = {
 #   H6144 bm1 w4 (the FWD entry) 130.5 / 497.5 (102.3 / 389.6), bm2 w8 112.7 / 426.3 (108.4 / 409.3)
 # A two-row tile reads the float32 weight once for two rows.
 FWD_W32: dict = {
+    # bm2 w8: T1 5.57, T16 5.66, T1024 12.70, T16384 104.10, T65536 390.46 us; x1.024 geomean, worst x1.06 of the best per T over 6; previous bm2 w8 x1.024: T1 5.57, T16 5.66, T1024 12.70, T16384 104.10, T65536 390.46
     (5120, 2): dict(block_m=2, block_n=8192, num_warps=8),
+    # bm2 w8: T1 5.34, T16 5.92, T1024 13.82, T16384 112.70, T65536 425.02 us; x1.026 geomean, worst x1.12 of the best per T over 6; previous bm2 w8 x1.026: T1 5.34, T16 5.92, T1024 13.82, T16384 112.70, T65536 425.02
     (6144, 2): dict(block_m=2, block_n=8192, num_warps=8),
 }
 # (H, elt) -> BwdConfig fields
@@ -114,4 +128,18 @@ BWD_GATED: dict = {
 # --sweep-small`, the BWD entry's chunking against one chunk with each load
 # form at small T. Empty: no window (every rows count is chunked by BWD).
 BWD_DIRECT: dict = {
+    # table/one-chunk plain us: T1 6.40/5.89, T2 6.74/6.24, T4 6.61/6.35, T8 6.75/6.59, T16 8.86/7.50, T32 8.86/9.89, T64 8.86/14.61, T128 9.18/24.21
+    (512, 2): dict(direct_max_rows=16, direct_prefetch=False, direct_tma_stages=0),
+    # table/one-chunk prefetch us: T1 4.96/4.45, T2 4.96/4.83, T4 7.98/5.89, T8 8.13/7.62, T16 8.18/11.36, T32 8.13/18.98, T64 8.45/34.02, T128 8.54/63.36
+    (1536, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0),
+    # table/one-chunk prefetch us: T1 5.26/4.35, T2 5.60/5.14, T4 5.68/5.44, T8 8.56/6.75, T16 8.51/10.53, T32 8.90/17.44, T64 9.22/30.90, T128 9.28/57.10
+    (2048, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0),
+    # table/one-chunk prefetch us: T1 5.54/4.80, T2 5.65/5.70, T4 9.36/6.78, T8 9.34/9.07, T16 9.23/13.04, T32 9.79/21.38, T64 9.98/37.86, T128 10.40/71.06
+    # (written by the rule before tune.py's SMALL_NOISE, which ended the window at T2's 5.70 vs 5.65;
+    #  today's rule gives direct_max_rows=8 from these numbers: not timed by the bench yet, so not taken)
+    (4096, 2): dict(direct_max_rows=0, direct_prefetch=True, direct_tma_stages=0),
+    # table/one-chunk prefetch us: T1 6.02/5.30, T2 9.82/7.18, T4 9.73/10.02, T8 9.78/15.23, T16 10.05/26.42, T32 10.46/48.86, T64 11.17/91.78, T128 13.06/177.30
+    (5120, 2): dict(direct_max_rows=2, direct_prefetch=True, direct_tma_stages=0),
+    # table/one-chunk prefetch us: T1 6.05/5.41, T2 9.65/7.41, T4 9.89/10.37, T8 10.13/16.05, T16 10.50/27.09, T32 10.30/49.02, T64 11.46/94.83, T128 13.62/181.70
+    (6144, 2): dict(direct_max_rows=2, direct_prefetch=True, direct_tma_stages=0),
 }
