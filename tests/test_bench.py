@@ -386,3 +386,10 @@ def test_skip_done_leaves_out_only_rows_measured_for_every_op(tmp_path, capsys):
                      "--list"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("2 rows x 3 ops") and "H4096 T4096" in out and "H4096 T1024\n" not in out
+    # several parts: the rows any of them measured
+    other = fake_result([(r, op, 1.0 if op != "fwd" else None) for r in ("H4096 T16384",) for op in ("fwd", "bwd", "step")])
+    report.write_outputs(other, str(tmp_path / "other"), plots=False)
+    assert run.main(["--shapes", "^H4096 T(1024|4096|16384)$", "--skip-done", str(tmp_path / "bench.json"),
+                     str(tmp_path / "other" / "bench.json"), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 rows x 3 ops") and "H4096 T4096" in out

@@ -60,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-only", action="store_true",
                    help="with --jobs: fill the compile caches and stop, timing nothing (the timing "
                         "run follows in another process, on the same machine)")
-    p.add_argument("--skip-done", metavar="BENCH_JSON",
-                   help="leave out the rows that this earlier bench.json measured (finish a run cut "
-                        "short; join the two with --merge)")
+    p.add_argument("--skip-done", nargs="+", metavar="BENCH_JSON",
+                   help="leave out the rows that these earlier bench.json files measured (finish a run "
+                        "cut short; join the parts with --merge)")
     p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
     p.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
                    help="run nothing: merge the bench.json files of runs over different rows into one "
@@ -114,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         return _err(f"--ops must be a comma-separated subset of {','.join(shapes.OPS)}, got {args.ops!r}")
     rows = shapes.select_rows(shapes.quick_rows() if args.quick else shapes.all_rows(), args.shapes)
     if args.skip_done:
-        with open(args.skip_done) as f:
-            done = done_rows(json.load(f), ops)
+        done: set[str] = set()
+        for path in args.skip_done:
+            with open(path) as f:
+                done |= done_rows(json.load(f), ops)
         rows = [r for r in rows if r.id not in done]
         if not rows:
-            print(f"trainnorm bench: every selected row is in {args.skip_done}", file=sys.stderr)
+            print(f"trainnorm bench: every selected row is in {', '.join(args.skip_done)}", file=sys.stderr)
             return 0
     if not rows:
         return _err(f"no row id matches --shapes {args.shapes}; `trainnorm bench --list` prints the ids")
