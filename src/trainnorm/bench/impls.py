@@ -272,7 +272,7 @@ class Trainnorm(Impl):
 
     def begin_row(self, d):
         self.ws = trainnorm.backward_workspace(d.row.rows, d.hidden, deterministic=self.deterministic,
-                                               device=d.x.device, dtype=d.x.dtype)
+                                               device=d.x.device, dtype=d.x.dtype, gated=d.z is not None)
 
     def end_row(self):
         self.ws = None
