@@ -171,3 +171,26 @@ def test_gated_workspace_smaller_than_the_plain_one(device, monkeypatch):
             trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=False, workspace=ws[:need - 8])
     finally:
         configs.backward_config.cache_clear()
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_gated_cols_form(device, monkeypatch, norm_before_gate):
+    # the column-slice dw (DW_COLS) with a gate in either order: within the budget, dx and dgate
+    # bit-equal to the chunked form, dw the same in both modes
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden, rows = 96, 37
+    base = replace(configs.backward_config(hidden, torch.bfloat16, True), block_m=4, min_rows_per_chunk=4,
+                   max_chunks=8, tma_stages=0, dw_2d=False)
+    x, z, w, dy = gated_case((rows,), hidden, seed=21, device=device, family="outlier")
+    outs = {}
+    for name, cfg in (("chunked", base), ("cols", replace(base, cols_max_rows=rows, cols_block_n=32))):
+        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
+        assert (dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, True).dw_mode
+                == (dispatch.DW_COLS if name == "cols" else dispatch.DW_PARTIAL))
+        outs[name] = check(x, z, w, dy, norm_before_gate)
+        outs[name, False] = run(x, z, w, dy, norm_before_gate, det=False)
+    for i, what in ((2, "dx"), (3, "dgate")):
+        assert_bits_equal(outs["chunked"][i], outs["cols"][i], f"{what}: cols vs chunked")
+    assert_bits_equal(outs["cols"][4], outs["cols", False][4], "cols dw in both modes")

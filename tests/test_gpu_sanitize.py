@@ -2,7 +2,7 @@
 
 One case per form: the forward with and without residual and gate (both
 orders), one tile and column tiles (H > 16384); the backward's dw forms none,
-partial + combine, atomic and direct, wide rows (column tiles), the gated
+partial + combine, atomic, direct and column slices, wide rows (column tiles), the gated
 backward, two-level row strides, T = 0 and H = 1. Each checks its outputs
 against the FP64 reference, so the file also runs as an ordinary GPU test.
 """
@@ -94,3 +94,25 @@ def test_empty_rows():
         dx, dw = trainnorm.rms_norm_backward(torch.empty_like(x), x, w, rstd, deterministic=deterministic)
         torch.cuda.synchronize()
         assert dx.shape == x.shape and not dw.any()
+
+
+@pytest.mark.parametrize("lead,hidden,residual,query", [
+    ((64,), 4096, True, False),       # one tile per row, slices of 128 columns
+    ((40,), 8200, False, False),      # column tiles for dx, slices past the last full one
+    ((16, 24), 256, False, True),     # two-level rows read in place
+])
+def test_cols_form(monkeypatch, lead, hidden, residual, query):
+    # the column-slice dw (DW_COLS), forced on: plain and gated, both modes
+    from dataclasses import replace
+
+    from trainnorm import configs
+    orig = configs.backward_config
+    monkeypatch.setattr(configs, "backward_config",
+                        lambda h, d, g=False: replace(orig(h, d, g), cols_max_rows=1 << 40, cols_block_n=128))
+    case = make_case("outlier", lead, hidden, residual=residual, query_view=query, seed=5, device="cuda")
+    rows = case.x.numel() // hidden
+    assert dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True).dw_mode == dispatch.DW_COLS
+    for det in (True, False):
+        _run(case, det)
+    gate = torch.randn(case.x.shape, device="cuda").to(torch.bfloat16)
+    check_gated(case.x, gate, case.weight, case.dy, True)

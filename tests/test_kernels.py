@@ -364,3 +364,54 @@ def test_direct_window(device, monkeypatch):
     for det in (True, False):
         assert_bits_equal(outs["chunked", det][0], outs["direct", det][0], "dx direct vs chunked")
     assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")
+
+
+COLS_CASES = {   # name: (lead, hidden, make_case kwargs, config overrides)
+    "plain": ((37,), 96, {}, {}),
+    "residual fp32 weight": ((37,), 96, {"residual": True, "weight_dtype": torch.float32}, {}),
+    "per-head view": ((9, 4), 64, {"query_view": True}, {}),
+    "float32": ((37,), 96, {"dtype": torch.float32}, {}),
+    "wide rows": ((37,), 96, {}, {"block_n": 32}),       # three column tiles per row
+}
+
+
+@pytest.mark.parametrize("name", list(COLS_CASES))
+def test_cols_form(device, monkeypatch, name):
+    # small T: dw summed by column slices in the same launch (DW_COLS). dx keeps the chunked
+    # form's bits (same tile); dw is within the budget, the same in both modes, on every
+    # simulated SM count and for every slice width; no workspace is needed
+    from dataclasses import replace
+
+    from trainnorm import configs
+    lead, hidden, kw, over = COLS_CASES[name]
+    case = make_case("outlier", lead, hidden, seed=13, device=device, **kw)
+    dtype = case.x.dtype
+    base = replace(backward_config(hidden, dtype), block_m=4, min_rows_per_chunk=4, max_chunks=8,
+                   tma_stages=0, dw_2d=False, **over)
+    rows = case.x.numel() // hidden
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+
+    def run(cfg, det=True, sms=None):
+        monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
+        if sms is None:
+            return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
+        with dispatch.simulate_sm_count(sms):
+            return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
+
+    chunked = run(base)
+    for bm, bn in ((16, 32), (8, 128), (4, 16)):
+        cfg = replace(base, cols_max_rows=rows, cols_block_m=bm, cols_block_n=bn)
+        monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
+        for det in (True, False):
+            plan = dispatch.backward_plan(rows, hidden, dtype, det, True)
+            assert plan.dw_mode == dispatch.DW_COLS and plan.workspace_bytes == 0 and plan.num_chunks > 1
+        out = run(cfg)
+        check_backward(case.dy, h, case.weight, rstd, case.dh, *out)
+        assert_bits_equal(out[0], chunked[0], "dx: column-slice dw vs chunked")
+        for det, sms in ((False, None), (True, 1), (True, 3), (False, 264)):
+            assert_bits_equal(out[1], run(cfg, det, sms)[1], f"dw bm{bm} bn{bn} det={det} sms={sms}")
+    # one row past the window: the chunked form again
+    cfg = replace(base, cols_max_rows=rows - 1)
+    monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
+    assert dispatch.backward_plan(rows, hidden, dtype, True, True).dw_mode == dispatch.DW_PARTIAL
+

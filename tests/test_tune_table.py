@@ -67,6 +67,14 @@ def test_choose_small_window():
     res = {1: t(5.54, prefetch=4.80), 2: t(5.65, prefetch=5.70), 4: t(9.36, prefetch=6.78),
            8: t(9.34, prefetch=9.07), 16: t(9.23, prefetch=13.04)}
     assert tune.choose_small(res)[:2] == ("prefetch", 8)
+    # past the one-chunk window, the column-slice tile with the best geomean, up to its last win
+    res = {1: t(5.0, plain=4.8, cols16x64=5.0, cols16x128=5.0), 4: t(8.0, plain=6.0, cols16x64=6.5, cols16x128=6.4),
+           16: t(8.5, plain=9.5, cols16x64=6.8, cols16x128=7.0), 64: t(9.0, plain=20.0, cols16x64=8.0, cols16x128=8.2),
+           256: t(12.0, plain=80.0, cols16x64=12.1, cols16x128=12.5), 512: t(14.0, plain=160.0, cols16x64=18.0,
+                                                                              cols16x128=19.0)}
+    assert tune.choose_small(res)[:2] == ("plain", 4)
+    assert tune.choose_cols(res, 4)[:2] == ("cols16x64", 64)
+    assert tune.choose_cols(res, 512)[:2] == (None, 0)
     # nowhere faster: no entry
     res = {1: t(5.0, plain=5.1), 4: t(8.0, plain=8.5)}
     assert tune.choose_small(res)[:2] == (None, 0)
@@ -110,5 +118,6 @@ def test_small_and_fwd_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert got.FWD[(64, 2)] == got.FWD_W32[(64, 2)] == dict(block_m=4, block_n=64, num_warps=2)
     assert got.BWD == tuned.BWD
     assert BwdConfig(**{**tuned.BWD.get((64, 2), configs._default_bwd(64, 2).__dict__), **got.BWD_DIRECT[(64, 2)]})
-    assert calls.count("table") == 2 and len(calls) == 2 * 6 + 2 * 2 * 6
+    assert calls.count("table") == 2 and len(calls) == 2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_COLS)) + 2 * 2 * 6
+    assert "cols16x128" in calls
     assert tuned.FWD == tune.ORIGINAL_FWD and tuned.FWD_W32 == tune.ORIGINAL_FWD_W32

@@ -101,6 +101,29 @@ def exercise():
                         trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd, norm_before_gate=nbg, deterministic=det)
 
 
+# the column-slice dw tiles (cols_block_m, cols_block_n) that tune.py --sweep-small times
+COLS_TILES = ((16, 64), (16, 128), (32, 128), (16, 256))
+
+
+def exercise_cols():
+    """The DW_COLS forms (no table entry takes them until the sweep has timed them)."""
+    from dataclasses import replace
+    orig = configs.backward_config
+    for bm, bn in COLS_TILES:
+        configs.backward_config = (lambda h, d, g=False, bm=bm, bn=bn:
+                                   replace(orig(h, d, g), cols_max_rows=1 << 40, cols_block_m=bm, cols_block_n=bn))
+        try:
+            for hidden in (512, 1536, 2048, 4096, 5120, 6144, 8200):
+                x, r, dy, dh, w = _case((64,), hidden, torch.bfloat16, torch.bfloat16, False)
+                rstd = torch.empty((64,), dtype=torch.float32)
+                for det in (True, False):
+                    trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det)
+                trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh)
+                trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
+        finally:
+            configs.backward_config = orig
+
+
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
     from triton.backends.nvidia.compiler import get_ptxas   # the ptxas Triton itself uses for this arch
     ptxas = get_ptxas(arch).path
@@ -120,8 +143,12 @@ def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--cols-only", action="store_true", help="only the column-slice dw forms (DW_COLS)")
     args = p.parse_args()
     exercise()
+    if args.cols_only:
+        records.clear()
+    exercise_cols()
     target = GPUTarget("cuda", args.arch, 32)
     bad = 0
     print(f"{len(records)} kernel forms; Triton {triton.__version__}, sm_{args.arch}")

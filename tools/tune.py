@@ -15,6 +15,12 @@ count), then the fast form's edge (atomic_min_rows) for the winner; it writes
 tuned.py (configs/tuned.py with the BWD table replaced, each entry carrying its
 numbers) and sweep.json to --out.
 
+--sweep-small times, at T 1-512, the BWD entry's chunked backward against one
+chunk (each load form) and against the column-slice dw form (each tile) and
+writes the BWD_DIRECT table: the one-chunk window, then the column-slice
+window past it. --sweep-fwd times every forward tile at T 1-65536 and writes
+FWD and FWD_W32.
+
 --sweep-bwd --gated does the same for the SiLU-gated backward
 (rms_norm_gated, gate after the norm) at the gated bench widths (H 4096, and
 H 128 as [T, 32, 128]) and writes the BWD_GATED table instead.
@@ -286,14 +292,20 @@ ORIGINAL_FWD_W32 = dict(tuned.FWD_W32)
 
 # --- the backward's one-chunk window (--sweep-small) ----------------------------------------
 
-SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128)
+SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 # loads of the one-chunk form: (prefetch, tma_stages)
 SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
+# column-slice dw tiles (cols_block_m, cols_block_n); tools/compile_check.py compiles the same
+SMALL_COLS = ((16, 64), (16, 128), (32, 128), (16, 256))
 
 
 def _loads_key(pf, st):
     return "plain" if not pf and not st else ("prefetch" if pf else f"tma{st}")
+
+
+def _cols_key(bm, bn):
+    return f"cols{bm}x{bn}"
 
 
 def sweep_small(hidden, dev, flush, log):
@@ -310,6 +322,10 @@ def sweep_small(hidden, dev, flush, log):
             cfg = replace(base, direct_max_rows=1 << 40, direct_prefetch=pf, direct_tma_stages=st)
             fns[_loads_key(pf, st)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                        _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
+        for bm, bn in SMALL_COLS:
+            cfg = replace(base, cols_max_rows=1 << 40, cols_block_m=bm, cols_block_n=bn)
+            fns[_cols_key(bm, bn)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+                                      _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
         res[tokens] = time_fns(fns, flush, passes=3, samples=8)
         log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
     tuned.BWD.clear()
@@ -329,7 +345,7 @@ def choose_small(res):
     the counts where some one-chunk form beats it, and the window up to the last count where it is
     faster, with no count before it where it is slower by more than SMALL_NOISE."""
     toks = sorted(res)
-    names = [k for k in res[toks[0]] if k != "table"]
+    names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
     win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
     best = min(names, key=lambda k: _geo([res[t][k] / res[t]["table"] for t in win]))
     edge = 0
@@ -344,6 +360,26 @@ def choose_small(res):
     return best, edge if edge > 1 else 0, note
 
 
+def choose_cols(res, after):
+    """(cols name, cols_max_rows, note) past the one-chunk window (counts > after): the column-slice
+    tile with the best geomean against the table where some tile beats it, and its window chosen as
+    the one-chunk window is. (None, 0, note) where no tile pays."""
+    toks = [t for t in sorted(res) if t > after]
+    names = [k for k in res[toks[0]] if k.startswith("cols")] if toks else []
+    win = [t for t in toks if names and min(res[t][k] for k in names) < res[t]["table"]]
+    if not win:
+        return None, 0, ""
+    best = min(names, key=lambda k: _geo([res[t][k] / res[t]["table"] for t in win]))
+    edge = 0
+    for t in toks:
+        if res[t][best] > res[t]["table"] * (1 + SMALL_NOISE):
+            break
+        if res[t][best] < res[t]["table"]:
+            edge = t
+    note = ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+    return (best, edge, note) if edge else (None, 0, note)
+
+
 def main_small(args, dev, flush, log):
     lines, raw = [], {}
     tuned.BWD_DIRECT.clear()     # "table" is the BWD entry alone
@@ -351,15 +387,25 @@ def main_small(args, dev, flush, log):
     for hidden in [int(h) for h in args.hidden.split(",")]:
         base, res = sweep_small(hidden, dev, flush, log)
         best, edge, note = choose_small(res)
-        raw[hidden] = {"times": {str(t): v for t, v in res.items()}, "loads": best, "direct_max_rows": edge}
+        cbest, cedge, cnote = choose_cols(res, edge)
+        raw[hidden] = {"times": {str(t): v for t, v in res.items()}, "loads": best, "direct_max_rows": edge,
+                       "cols": cbest, "cols_max_rows": cedge}
         log(f"H{hidden}: one chunk ({best}) up to {edge} rows | table/one-chunk us: {note}")
+        log(f"H{hidden}: column-slice dw ({cbest}) up to {cedge} rows | table/cols us: {cnote}")
         lines.append(f"    # table/one-chunk {best} us: {note}")
-        if best is None:
-            lines[-1] += f" (H{hidden}: no entry, the table's forms stay)"
-        else:
+        if cnote:
+            lines.append(f"    # table/{cbest or 'column-slice dw'} us: {cnote}")
+        fields = []
+        if best is not None:
             pf, st = next((p, s) for p, s in SMALL_LOADS if _loads_key(p, s) == best)
-            lines.append(f"    ({hidden}, 2): dict(direct_max_rows={edge}, direct_prefetch={pf}, "
-                         f"direct_tma_stages={st}),")
+            fields.append(f"direct_max_rows={edge}, direct_prefetch={pf}, direct_tma_stages={st}")
+        if cbest is not None:
+            bm, bn = next((m, n) for m, n in SMALL_COLS if _cols_key(m, n) == cbest)
+            fields.append(f"cols_max_rows={cedge}, cols_block_m={bm}, cols_block_n={bn}")
+        if fields:
+            lines.append(f"    ({hidden}, 2): dict({', '.join(fields)}),")
+        else:
+            lines[-1] += f" (H{hidden}: no entry, the table's forms stay)"
         table = "BWD_DIRECT: dict = {\n" + "\n".join(lines) + "\n" + _kept(ORIGINAL_BWD_DIRECT, raw) + "}\n"
         write_table(os.path.join(args.out, "tuned.py"), "BWD_DIRECT", table)
         with open(os.path.join(args.out, "sweep-small.json"), "w") as f:

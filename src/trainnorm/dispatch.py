@@ -18,7 +18,7 @@ from .configs import BwdConfig, cdiv
 from .kernels import dw_combine_kernel, rms_norm_bwd_kernel, rms_norm_fwd_kernel
 
 # dw forms of the backward kernel (see kernels/backward.py)
-DW_NONE, DW_PARTIAL, DW_ATOMIC, DW_DIRECT = 0, 1, 2, 3
+DW_NONE, DW_PARTIAL, DW_ATOMIC, DW_DIRECT, DW_COLS = 0, 1, 2, 3, 4
 
 
 def interpreter_enabled() -> bool:
@@ -173,10 +173,12 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: boo
     num_chunks, rpc = cfg.chunking(rows)
     if not need_dw or rows == 0:
         mode = DW_NONE
+    elif col_tiles == 1 and num_chunks == 1:
+        mode = DW_DIRECT
+    elif rows <= cfg.cols_max_rows:
+        mode = DW_COLS       # small T: dw by column slices in the same launch
     elif col_tiles > 1:
         mode = DW_PARTIAL    # wide rows accumulate each chunk's partial in place
-    elif num_chunks == 1:
-        mode = DW_DIRECT
     elif deterministic or rows < cfg.atomic_min_rows:
         mode = DW_PARTIAL    # deterministic=False too, where the atomic form is not faster
     else:
@@ -259,7 +261,9 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
                            for t, st in ((dyv, sdyt), (hv, sht)))
     else:
         desc_dy, desc_h = dyv, hv
-    grid = min(plan.num_chunks, cfg.ctas_per_sm * sm_count(h.device))
+    cols = plan.dw_mode == DW_COLS
+    programs = max(plan.num_chunks, cdiv(hidden, cfg.cols_block_n)) if cols else plan.num_chunks
+    grid = min(programs, cfg.ctas_per_sm * sm_count(h.device))
     with _device_guard(h):
         rms_norm_bwd_kernel[(grid,)](
             dyv, hv, zv, weight if weight is not None else hv, rstd, dhv, dx, dz if gate is not None else dx,
@@ -269,8 +273,9 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=plan.col_tiles,
             HAS_WEIGHT=weight is not None, HAS_DH=dh is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
-            DW_MODE=plan.dw_mode, PREFETCH=prefetch and plan.col_tiles == 1 and not stages,
-            TMA_STAGES=stages or None, DW_2D=cfg.dw_2d and plan.col_tiles == 1,
+            DW_MODE=DW_NONE if cols else plan.dw_mode, DW_COLS=cols,
+            DW_BM=cfg.cols_block_m, DW_BN=cfg.cols_block_n, PREFETCH=prefetch and plan.col_tiles == 1 and not stages,
+            TMA_STAGES=stages or None, DW_2D=cfg.dw_2d and plan.col_tiles == 1 and not cols,
             WIDE_TERMS=dy.element_size() > 2 or h.element_size() > 2,
             INTERPRETED=not h.is_cuda, num_warps=cfg.num_warps,
         )

@@ -69,6 +69,12 @@ class BwdConfig:
     # tma_stages / prefetch of their own, None: the fields above. Timing only
     direct_tma_stages: int | None = None
     direct_prefetch: bool | None = None
+    # rows past the one-chunk window up to this many: dw summed by column slices of
+    # cols_block_n columns, cols_block_m rows at a time (kernels/backward.py, DW_COLS):
+    # one launch and no workspace, in both modes. A function of rows only; dx is untouched
+    cols_max_rows: int = 0
+    cols_block_m: int = 16
+    cols_block_n: int = 128
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)

@@ -123,10 +123,12 @@ BWD: dict = {
 BWD_GATED: dict = {
 }
 
-# The one-chunk window of the plain backward (BwdConfig.direct_max_rows and the
-# one-chunk form's loads), merged into the BWD entry: `tools/tune.py
-# --sweep-small`, the BWD entry's chunking against one chunk with each load
-# form at small T. Empty: no window (every rows count is chunked by BWD).
+# The small-T forms of the plain backward, merged into the BWD entry: the
+# one-chunk window (BwdConfig.direct_max_rows and the one-chunk form's loads)
+# and the column-slice dw window (cols_max_rows, cols_block_m, cols_block_n).
+# `tools/tune.py --sweep-small` times the BWD entry's chunking against one
+# chunk with each load form and against each column-slice tile at small T.
+# The entries below predate the column-slice form: none of them takes it.
 BWD_DIRECT: dict = {
     # table/one-chunk plain us: T1 6.40/5.89, T2 6.74/6.24, T4 6.61/6.35, T8 6.75/6.59, T16 8.86/7.50, T32 8.86/9.89, T64 8.86/14.61, T128 9.18/24.21
     (512, 2): dict(direct_max_rows=16, direct_prefetch=False, direct_tma_stages=0),

@@ -28,6 +28,14 @@ DW_MODE selects what happens to the dw partials:
        additions varies, so dw's last bits may too (deterministic=False)
     3  a single chunk: stored straight to DW (deterministic and one launch)
 
+With DW_COLS (small T, where a second launch costs more than the work) the
+row loop runs with DW_MODE 0 and dw is summed by column slices instead: the
+program takes slices pid, pid + grid, ... of DW_BN columns and adds, for each,
+the terms of every row, DW_BM rows at a time in row order (float64, rounded
+once). dw needs no c, so no program waits for another: one launch, no
+workspace, the same form in both modes, every slice computed the same way
+whatever the grid. dy and h are read a second time (from L2 at these sizes).
+
 With COL_TILES > 1 (rows too wide for one tile) each row is walked twice
 (c, then dx) and the chunk's partial is accumulated in place in PARTIAL;
 only DW_MODE 0 and 1 apply there.
@@ -197,6 +205,9 @@ def rms_norm_bwd_kernel(
     HAS_GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     DW_MODE: tl.constexpr,
+    DW_COLS: tl.constexpr,
+    DW_BM: tl.constexpr,
+    DW_BN: tl.constexpr,
     PREFETCH: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
@@ -339,3 +350,25 @@ def rms_norm_bwd_kernel(
                         tl.store(p_part + o_c, b_new, mask=m_n)
                 # the next tile re-reads this partial: order it after these stores
                 tl.debug_barrier()
+
+    if DW_COLS:
+        # dw by column slices, each over all rows in row order (see above); names of its own,
+        # so nothing is carried over from the row loop's variables
+        s_cn = tl.arange(0, DW_BN)
+        s_cm = tl.arange(0, DW_BM)
+        for sl in tl.range(pid, tl.cdiv(n_cols, DW_BN), grid):
+            s_c = sl * DW_BN + s_cn
+            s_mc = s_c < n_cols
+            s_sum = tl.zeros([DW_BN], dtype=tl.float64)
+            for s0 in tl.range(0, rows, DW_BM):
+                s_m = s0 + s_cm
+                s_mm = s_m < rows
+                s_mask = s_mm[:, None] & s_mc[None, :]
+                s_h, s_dy, s_w, s_z, s_sig = _load_col_tile(
+                    HX, DY, Z, W, row_offsets(s_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None],
+                    row_offsets(s_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None],
+                    row_offsets(s_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None], s_c, s_mask, s_mc,
+                    False, HAS_GATE)
+                s_rstd = tl.load(RSTD + s_m, mask=s_mm, other=0.0)
+                s_sum += tl.sum(_dw_terms(s_dy, s_h, s_rstd, s_z, s_sig, HAS_GATE, WIDE_TERMS), axis=0)
+            tl.store(DW + s_c, s_sum.to(tl.float32), mask=s_mc)
