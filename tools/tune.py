@@ -340,13 +340,10 @@ def sweep_small(hidden, dev, flush, log):
 SMALL_NOISE = 0.02
 
 
-def choose_small(res):
-    """(loads name, direct_max_rows, note): the load form with the best geomean against the table over
-    the counts where some one-chunk form beats it, and the window up to the last count where it is
-    faster, with no count before it where it is slower by more than SMALL_NOISE."""
-    toks = sorted(res)
-    names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
-    win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
+def _window(res, toks, names, win):
+    """(best, edge, note): of `names`, the form with the best geomean against the table over the
+    counts `win`, and its window: up to the last count of `toks` where it is faster, with no count
+    before it where it is slower by more than SMALL_NOISE (edge 0: none)."""
     best = min(names, key=lambda k: _geo([res[t][k] / res[t]["table"] for t in win]))
     edge = 0
     for t in toks:
@@ -354,29 +351,30 @@ def choose_small(res):
             break
         if res[t][best] < res[t]["table"]:
             edge = t
-    note = ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+    return best, edge, ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+
+
+def choose_small(res):
+    """(loads name, direct_max_rows, note): the one-chunk load form and window (_window) over the
+    counts where some one-chunk form beats the table; (None, 0, note) where none pays."""
+    toks = sorted(res)
+    names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
+    win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
+    best, edge, note = _window(res, toks, names, win)
     if edge == 0:
         return None, 0, note     # no count where the one-chunk form pays: the table's forms stay
     return best, edge if edge > 1 else 0, note
 
 
 def choose_cols(res, after):
-    """(cols name, cols_max_rows, note) past the one-chunk window (counts > after): the column-slice
-    tile with the best geomean against the table where some tile beats it, and its window chosen as
-    the one-chunk window is. (None, 0, note) where no tile pays."""
+    """(cols name, cols_max_rows, note): the column-slice tile and window (_window) past the one-chunk
+    window (counts > after); (None, 0, note) where no tile pays."""
     toks = [t for t in sorted(res) if t > after]
     names = [k for k in res[toks[0]] if k.startswith("cols")] if toks else []
     win = [t for t in toks if names and min(res[t][k] for k in names) < res[t]["table"]]
     if not win:
         return None, 0, ""
-    best = min(names, key=lambda k: _geo([res[t][k] / res[t]["table"] for t in win]))
-    edge = 0
-    for t in toks:
-        if res[t][best] > res[t]["table"] * (1 + SMALL_NOISE):
-            break
-        if res[t][best] < res[t]["table"]:
-            edge = t
-    note = ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+    best, edge, note = _window(res, toks, names, win)
     return (best, edge, note) if edge else (None, 0, note)
 
 
