@@ -109,7 +109,9 @@ BWD: dict = {
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
                    ctas_per_sm=2, prefetch=False, tma_stages=4,
                    # det/atomic us: T256 15.4/28.2, T1024 27.6/35.8, T4096 72.5/78.9, T16384 236.6/239.5, T65536 891.7/879.6
-                   atomic_min_rows=65536),
+                   # (plain loads); with tma4, `trainnorm bench` (docs/benchmarks/h200, T65536 det/atomic):
+                   #   634.1/656.3, res 817.0/837.8, w32 637.2/648.1, res w32 809.9/834.3: the atomic form lost
+                   atomic_min_rows=NEVER),
     # bm32 w4 pf c2 max264: T1024 27.7, T4096 75.0, T16384 255.7 us; x1.007 geomean, worst x1.02 of the best per T over 36 candidates
     (256, 2): dict(block_m=32, block_n=256, num_warps=4, min_rows_per_chunk=32, max_chunks=264,
                    ctas_per_sm=2, prefetch=True,
