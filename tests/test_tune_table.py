@@ -15,12 +15,16 @@ def _load(path, name):
     return mod
 
 
-def test_write_tuned_replaces_one_table(tmp_path):
+def _tune():
     sys.path.insert(0, TOOLS)
     try:
-        tune = _load(os.path.join(TOOLS, "tune.py"), "tune_under_test")
+        return _load(os.path.join(TOOLS, "tune.py"), "tune_under_test")
     finally:
         sys.path.remove(TOOLS)
+
+
+def test_write_tuned_replaces_one_table(tmp_path):
+    tune = _tune()
     cfg = BwdConfig(16, 128, 4, min_rows_per_chunk=16, max_chunks=264, ctas_per_sm=2, atomic_min_rows=tuned.NEVER)
     chosen = {128: dict(cfg=cfg, note="bm16 w4 c2 max264: T1024 9.9 us", edge_note="det/atomic us: T1024 9.9/12.0")}
     tune.write_tuned(chosen, str(tmp_path / "gated.py"), gated=True)
@@ -32,14 +36,6 @@ def test_write_tuned_replaces_one_table(tmp_path):
     assert plain.BWD_GATED == tuned.BWD_GATED
     assert BwdConfig(**plain.BWD.pop((128, 2))) == cfg and plain.BWD == tuned.BWD
     assert "T1024 9.9 us" in (tmp_path / "gated.py").read_text()
-
-
-def _tune():
-    sys.path.insert(0, TOOLS)
-    try:
-        return _load(os.path.join(TOOLS, "tune.py"), "tune_under_test2")
-    finally:
-        sys.path.remove(TOOLS)
 
 
 def test_tables_written_to_one_path_add_up(tmp_path):

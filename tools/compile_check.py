@@ -101,15 +101,14 @@ def exercise():
                         trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd, norm_before_gate=nbg, deterministic=det)
 
 
-# the column-slice dw tiles (cols_block_m, cols_block_n) that tune.py --sweep-small times
-COLS_TILES = ((16, 64), (16, 128), (32, 128), (16, 256))
-
-
 def exercise_cols():
-    """The DW_COLS forms (no table entry takes them until the sweep has timed them)."""
+    """The DW_COLS forms with the tiles tune.py --sweep-small times (no table entry
+    takes them until that sweep has)."""
     from dataclasses import replace
+
+    from tune import SMALL_COLS
     orig = configs.backward_config
-    for bm, bn in COLS_TILES:
+    for bm, bn in SMALL_COLS:
         configs.backward_config = (lambda h, d, g=False, bm=bm, bn=bn:
                                    replace(orig(h, d, g), cols_max_rows=1 << 40, cols_block_m=bm, cols_block_n=bn))
         try:

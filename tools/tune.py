@@ -52,9 +52,11 @@ def _heads(hidden, gated=False):
     return (GATED_FAMILIES if gated else FAMILIES).get(hidden, 1)
 
 
-def _set(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None, hidden: int = 0, gated: bool = False):
+def _set(fwd: FwdConfig | None = None, bwd: BwdConfig | None = None, hidden: int = 0, gated: bool = False,
+         w32: bool = False):
+    """Put a config into the live table (FWD_W32 with w32, BWD_GATED with gated) and drop the caches."""
     if fwd is not None:
-        tuned.FWD[(hidden, 2)] = fwd.__dict__
+        (tuned.FWD_W32 if w32 else tuned.FWD)[(hidden, 2)] = fwd.__dict__
     if bwd is not None:
         (tuned.BWD_GATED if gated else tuned.BWD)[(hidden, 2)] = bwd.__dict__
     configs.forward_config.cache_clear()
@@ -265,7 +267,7 @@ def write_table(path, name, table):
     src = open(path if os.path.exists(path) else tuned.__file__).read()
     out, n = re.subn(rf"^{name}: dict = \{{.*?\n\}}\n", lambda m: table, src, count=1, flags=re.S | re.M)
     if n != 1:
-        raise ValueError(f"{tuned.__file__} has no table {name}")
+        raise ValueError(f"{path if os.path.exists(path) else tuned.__file__} has no table {name}")
     with open(path, "w") as f:
         f.write(out)
 
@@ -296,7 +298,7 @@ SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 # loads of the one-chunk form: (prefetch, tma_stages)
 SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
-# column-slice dw tiles (cols_block_m, cols_block_n); tools/compile_check.py compiles the same
+# column-slice dw tiles (cols_block_m, cols_block_n); tools/compile_check.py compiles these
 SMALL_COLS = ((16, 64), (16, 128), (32, 128), (16, 256))
 
 
@@ -426,8 +428,7 @@ def fwd_sweep_candidates(hidden):
 
 
 def _fwd_with(cfg, hidden, x, w, w32):
-    (tuned.FWD_W32 if w32 else tuned.FWD)[(hidden, 2)] = cfg.__dict__
-    configs.forward_config.cache_clear()
+    _set(fwd=cfg, hidden=hidden, w32=w32)
     return trainnorm.rms_norm_forward(x, w)
 
 
