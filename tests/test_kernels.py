@@ -311,6 +311,67 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
         assert_bits_equal(a, b, "tma_stages on a misaligned view vs off")
 
 
+FWD_FORMS = {"plain": {}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
+
+
+@pytest.mark.parametrize("residual,gate", [(False, None), (True, None), (False, "after"), (False, "first")])
+def test_forward_load_forms_same_bits(device, monkeypatch, residual, gate):
+    # The forward through tensor descriptors, its grid one program per SM on a simulated
+    # 2-SM GPU so that each program walks several row tiles (41 rows in tiles of 4, the
+    # last one partial): every output keeps the bits of the plain one-tile-per-program form
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    case = make_case("outlier", (41,), hidden, residual=residual, seed=5, device=device)
+    z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
+    base = replace(configs.forward_config(hidden, case.x.dtype, case.weight.dtype), block_m=4, ctas_per_sm=1)
+    made = []
+    real = dispatch._row_descriptor
+    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    outs = {}
+    for name, kw in FWD_FORMS.items():
+        cfg = replace(base, **kw)
+        monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None, cfg=cfg: cfg)
+        with dispatch.simulate_sm_count(2):
+            if gate:
+                outs[name] = trainnorm.rms_norm_gated_forward(case.x, z, case.weight, EPS,
+                                                              norm_before_gate=gate == "after")
+            else:
+                outs[name] = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+                check_forward(case.x, case.weight, EPS, case.residual, *outs[name])
+    assert len(made) == 2 * (1 + residual)      # tma2 and tma3 read x (and r) through descriptors
+    for name in FWD_FORMS:
+        for a, b in zip(outs["plain"], outs[name]):
+            assert_bits_equal(a, b, f"forward {name} vs plain loads")
+
+
+def test_forward_tma_needs_aligned_rows(device, monkeypatch):
+    # a view whose row stride is not a multiple of 16 bytes, and per-head rows (two-level
+    # strides), are read with plain loads: same bits as a contiguous copy
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden = 96
+    w = torch.randn(hidden, device=device).to(torch.bfloat16)
+    buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
+    # heads of 2H in rows of 3 heads plus 64 columns: strides (640, 192, 1), two levels
+    heads = torch.randn(10, 3 * 2 * hidden + 64, device=device).to(torch.bfloat16)[:, :6 * hidden].unflatten(1, (3, 2 * hidden))
+    cfg = replace(configs.forward_config(hidden, torch.bfloat16, torch.bfloat16), tma_stages=3)
+    monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None: cfg)
+    made = []
+    real = dispatch._row_descriptor
+    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    for x in (buf[:, 1:], heads[..., :hidden]):
+        got = trainnorm.rms_norm_forward(x, w, EPS)
+        assert not made
+        want = trainnorm.rms_norm_forward(x.contiguous(), w, EPS)
+        assert len(made) == 1
+        made.clear()
+        for a, b in zip(got, want):
+            assert_bits_equal(a, b, "forward on a view vs its contiguous copy")
+
+
 @pytest.mark.parametrize("form", ["partial", "atomic", "direct"])
 def test_dw_2d(device, monkeypatch, form):
     # a dw sum per tile position changes only the order of dw's float64 additions:

@@ -123,6 +123,25 @@ def exercise_cols():
             configs.backward_config = orig
 
 
+def exercise_fwd_tma():
+    """The forward's descriptor forms at the stage counts tune.py --sweep-fwd times."""
+    from dataclasses import replace
+
+    from tune import FWD_TMA_STAGES
+    orig = configs.forward_config
+    for stages in FWD_TMA_STAGES:
+        configs.forward_config = (lambda h, d, wd=None, st=stages: replace(orig(h, d, wd), tma_stages=st))
+        try:
+            for hidden in (512, 1536, 2048, 4096, 5120, 6144, 1000):
+                for wdt in (torch.bfloat16, torch.float32):
+                    x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt, False)
+                    for res in (None, r):
+                        trainnorm.rms_norm_forward(x, w, residual=res)
+                    trainnorm.rms_norm_gated_forward(x, r, w)
+        finally:
+            configs.forward_config = orig
+
+
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
     from triton.backends.nvidia.compiler import get_ptxas   # the ptxas Triton itself uses for this arch
     ptxas = get_ptxas(arch).path
@@ -143,11 +162,15 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--cols-only", action="store_true", help="only the column-slice dw forms (DW_COLS)")
+    p.add_argument("--fwd-tma-only", action="store_true", help="only the forward's descriptor forms")
     args = p.parse_args()
     exercise()
-    if args.cols_only:
+    if args.cols_only or args.fwd_tma_only:
         records.clear()
-    exercise_cols()
+    if not args.fwd_tma_only:
+        exercise_cols()
+    if not args.cols_only:
+        exercise_fwd_tma()
     target = GPUTarget("cuda", args.arch, 32)
     bad = 0
     print(f"{len(records)} kernel forms; Triton {triton.__version__}, sm_{args.arch}")
@@ -161,6 +184,8 @@ def main() -> int:
             if regs < 0:
                 raise RuntimeError(f"ptxas gave no register count: {text.strip()[:200]}")
             flag = "  SPILLS" if spill else ""
+            if c.get("TMA_STAGES"):
+                flag += f"  bulk copies {compiled.asm['ptx'].count('cp.async.bulk.tensor')}"
             bad += bool(spill)
             print(f"  regs {regs:>3} spill {spill:>5}  {label}{flag}")
         except Exception as exc:  # noqa: BLE001 - report every form that fails

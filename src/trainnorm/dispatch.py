@@ -30,7 +30,7 @@ def runs_kernels(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.device.type == "cpu" and interpreter_enabled())
 
 
-# --- SM count: sizes the persistent backward grid, never the numerics ------------------
+# --- SM count: sizes the persistent grids, never the numerics ---------------------------
 
 _sm_override: int | None = None
 _sm_cache: dict[int, int] = {}
@@ -109,6 +109,33 @@ def row_views(*tensors):
     return nh, out
 
 
+# --- tensor descriptors ----------------------------------------------------------------
+
+def _tma_capable(device: torch.device) -> bool:
+    """Tensor descriptors need the bulk copy engine (sm_90 and later); Triton's
+    interpreter emulates them on the CPU."""
+    if device.type != "cuda":
+        return True
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(idx)[0] >= 9
+
+
+def _tma_ok(nh: int, *views) -> bool:
+    """One-level rows whose base and row stride are 16-byte aligned (the bulk copy's rules)."""
+    if nh != 1:
+        return False
+    for t, stride in views:
+        e = t.element_size()
+        if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
+            return False
+    return True
+
+
+def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, [rows, hidden], [stride, 1], [block_m, block_n])
+
+
 # --- forward ----------------------------------------------------------------------------
 
 def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
@@ -133,13 +160,22 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
     (xv, sxt, sxh), rest = views[0], iter(views[1:])
     rv, srt, srh = next(rest) if residual is not None else (xv, 0, 0)
     zv, szt, szh = next(rest) if gate is not None else (xv, 0, 0)
+    col_tiles = cfg.col_tiles(hidden)
+    tiles = cdiv(rows, cfg.block_m)
+    stages = cfg.tma_stages if col_tiles == 1 and _tma_ok(nh, (xv, sxt), (rv, srt)) else 0
+    if stages:
+        desc_x = _row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
+        desc_r = _row_descriptor(rv, srt, rows, hidden, cfg.block_m, cfg.block_n) if residual is not None else desc_x
+        grid = min(tiles, cfg.ctas_per_sm * sm_count(x.device))
+    else:
+        desc_x, desc_r, grid = xv, rv, tiles
     with _device_guard(x):
-        rms_norm_fwd_kernel[(cdiv(rows, cfg.block_m),)](
+        rms_norm_fwd_kernel[(grid,)](
             xv, rv, zv, weight if weight is not None else xv, y, h if residual is not None else y, rstd,
-            rows, hidden, nh, sxt, sxh, srt, srh, szt, szh, eps,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=cfg.col_tiles(hidden),
+            desc_x, desc_r, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh, eps,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=col_tiles,
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
-            HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate,
+            HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate, TMA_STAGES=stages or None,
             INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
     return y, rstd, h
@@ -184,31 +220,6 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, deterministic: boo
     else:
         mode = DW_ATOMIC
     return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, mode)
-
-
-def _tma_capable(device: torch.device) -> bool:
-    """Tensor descriptors need the bulk copy engine (sm_90 and later); Triton's
-    interpreter emulates them on the CPU."""
-    if device.type != "cuda":
-        return True
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(idx)[0] >= 9
-
-
-def _tma_ok(nh: int, *views) -> bool:
-    """One-level rows whose base and row stride are 16-byte aligned (the bulk copy's rules)."""
-    if nh != 1:
-        return False
-    for t, stride in views:
-        e = t.element_size()
-        if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
-            return False
-    return True
-
-
-def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(t, [rows, hidden], [stride, 1], [block_m, block_n])
 
 
 def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=None, norm_before_gate=True):

@@ -32,9 +32,15 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class FwdConfig:
-    block_m: int        # rows per program
+    block_m: int        # rows per tile
     block_n: int        # columns per tile (power of two)
     num_warps: int
+    # rows that fit one tile: read x (and r) through tensor descriptors, the
+    # tile loop pipelined this many tiles deep, ctas_per_sm programs per SM
+    # (persistent); 0: plain loads, one program per tile. Applies where the
+    # layout allows it (dispatch.py); timing only, the bits do not change
+    tma_stages: int = 0
+    ctas_per_sm: int = 2
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)

@@ -35,19 +35,28 @@ def round_to(b, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
-           INTERPRETED: tl.constexpr):
-    """Return f32(h) for a tile: h = x, or h = round(f32(x) + f32(r)) into x's dtype.
-
-    With STORE_H the rounded h is written to H_OUT (the returned residual stream).
-    """
-    b_x = tl.load(X + o_x, mask=mask, other=0.0)
+def add_residual(b_x, b_r, H_OUT, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
+    """Return f32(h) for a tile of x (and r) as stored: h = x, or
+    h = round(f32(x) + f32(r)) into x's dtype, written to H_OUT (the returned
+    residual stream) with STORE_H."""
     if HAS_RESIDUAL:
-        b_r = tl.load(R + o_r, mask=mask, other=0.0)
-        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), X.dtype.element_ty, INTERPRETED)
+        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), b_x.dtype, INTERPRETED)
         if STORE_H:
             tl.store(H_OUT + o_out, b_x, mask=mask)
     return b_x.to(tl.float32)
+
+
+@triton.jit
+def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
+           INTERPRETED: tl.constexpr):
+    """add_residual of the tile of x (and r) at offsets o_x (o_r)."""
+    b_x = tl.load(X + o_x, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        b_r = tl.load(R + o_r, mask=mask, other=0.0)
+    else:
+        b_r = b_x
+    return add_residual(b_x, b_r, H_OUT, o_out, mask, HAS_RESIDUAL, STORE_H, INTERPRETED)
 
 
 @triton.jit

@@ -10,21 +10,49 @@ With a gate z (HAS_GATE), s = silu(f32(z)):
 or, with GATE_FIRST, u = f32(h) * s normalised in place of h:
     rstd = 1 / sqrt(sum_j u_j^2 / H + eps),  y_j = round(u_j * rstd * f32(w_j))
 
-Each program normalises BLOCK_M rows. A row is held in one tile of BLOCK_N
-columns when it fits (COL_TILES == 1); wider rows are walked in COL_TILES
-tiles twice (sum of squares, then normalise). The tile shape is a function of
-(H, dtype) only, so the reduction order of a row never depends on how many
-rows there are: y and rstd are batch-invariant.
+A row tile is BLOCK_M rows. A row is held in one tile of BLOCK_N columns
+when it fits (COL_TILES == 1); wider rows are walked in COL_TILES tiles twice
+(sum of squares, then normalise). The tile shape is a function of (H, dtype)
+only, so the reduction order of a row never depends on how many rows there
+are: y and rstd are batch-invariant.
+
+Rows that fit one tile: program pid takes row tiles pid, pid + grid, ...; the
+weight is read once per program, before the first tile's rows arrive. With
+TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and later) x
+(and r) are read through tensor descriptors (DESC_X, DESC_R: [rows, H] with
+a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared memory and
+the tile loop is software-pipelined TMA_STAGES deep, the grid a few programs
+per SM: several row tiles in flight per program without holding registers.
+Without it the grid has one program per tile. Every tile is computed the
+same way in both forms, whichever program takes it: the bits do not change.
 """
 import triton
 import triton.language as tl
 
-from .common import SCALE_DOWN, load_gate, load_h, round_to, row_offsets, rstd_from_sums, rstd_of_rows
+from .common import (SCALE_DOWN, add_residual, load_gate, load_h, round_to, row_offsets, rstd_from_sums,
+                     rstd_of_rows)
+
+
+@triton.jit
+def _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, n_cols,
+                   TWO_LEVEL: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr):
+    """Row starts of x, r and z as stored, and of the contiguous outputs, as [BLOCK_M, 1]."""
+    o_x = row_offsets(o_m, NH, stride_xt, stride_xh, TWO_LEVEL)[:, None]
+    if HAS_RESIDUAL:
+        o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
+    else:
+        o_r = o_x
+    if HAS_GATE:
+        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
+    else:
+        o_z = o_x
+    o_out = (o_m.to(tl.int64) * n_cols)[:, None]
+    return o_x, o_r, o_z, o_out
 
 
 @triton.jit
 def rms_norm_fwd_kernel(
-    X, R, Z, W, Y, H_OUT, RSTD,
+    X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R,
     rows, n_cols, NH,
     stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh,
     eps,
@@ -36,40 +64,55 @@ def rms_norm_fwd_kernel(
     TWO_LEVEL: tl.constexpr,
     HAS_GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    TMA_STAGES: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    o_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_m = o_m < rows
-    o_x = row_offsets(o_m, NH, stride_xt, stride_xh, TWO_LEVEL)[:, None]
-    if HAS_RESIDUAL:
-        o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
-    else:
-        o_r = o_x
-    if HAS_GATE:
-        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
-    else:
-        o_z = o_x
-    o_out = (o_m.to(tl.int64) * n_cols)[:, None]
+    o_mb = tl.arange(0, BLOCK_M)
     o_n = tl.arange(0, BLOCK_N)
 
     if COL_TILES == 1:
         m_n = o_n < n_cols
-        mask = m_m[:, None] & m_n[None, :]
-        b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
-                     mask, HAS_RESIDUAL, True, INTERPRETED)
-        if HAS_GATE:
-            b_z, b_sig = load_gate(Z, o_z + o_n[None, :], mask)
-            if GATE_FIRST:
-                b_h = b_h * (b_z * b_sig)
-        b_rstd = rstd_of_rows(b_h, n_cols, eps)
-        b_y = b_h * b_rstd[:, None]
         if HAS_WEIGHT:
-            b_y = b_y * tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        if HAS_GATE and not GATE_FIRST:
-            b_y = b_y * (b_z * b_sig)
-        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
+            b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+        for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
+            m0 = tile * BLOCK_M
+            o_m = m0 + o_mb
+            m_m = o_m < rows
+            mask = m_m[:, None] & m_n[None, :]
+            o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
+                                                  stride_zt, stride_zh, n_cols, TWO_LEVEL, HAS_RESIDUAL, HAS_GATE)
+            if TMA_STAGES is not None:
+                # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
+                # software pipeline); rows and columns past the tensor read as zero
+                r_x = DESC_X.load([m0, 0])
+                if HAS_RESIDUAL:
+                    r_r = DESC_R.load([m0, 0])
+                else:
+                    r_r = r_x
+                b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, HAS_RESIDUAL, True, INTERPRETED)
+            else:
+                b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
+                             mask, HAS_RESIDUAL, True, INTERPRETED)
+            if HAS_GATE:
+                b_z, b_sig = load_gate(Z, o_z + o_n[None, :], mask)
+                if GATE_FIRST:
+                    b_h = b_h * (b_z * b_sig)
+            b_rstd = rstd_of_rows(b_h, n_cols, eps)
+            b_y = b_h * b_rstd[:, None]
+            if HAS_WEIGHT:
+                b_y = b_y * b_w
+            if HAS_GATE and not GATE_FIRST:
+                b_y = b_y * (b_z * b_sig)
+            tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
+            tl.store(RSTD + o_m, b_rstd, mask=m_m)
     else:
+        o_m = pid * BLOCK_M + o_mb
+        m_m = o_m < rows
+        o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
+                                              stride_zt, stride_zh, n_cols, TWO_LEVEL, HAS_RESIDUAL, HAS_GATE)
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
@@ -102,4 +145,4 @@ def rms_norm_fwd_kernel(
             if HAS_GATE and not GATE_FIRST:
                 b_y = b_y * (b_z * b_sig)
             tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
-    tl.store(RSTD + o_m, b_rstd, mask=m_m)
+        tl.store(RSTD + o_m, b_rstd, mask=m_m)
