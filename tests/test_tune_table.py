@@ -114,6 +114,14 @@ def test_small_and_fwd_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert got.FWD[(64, 2)] == got.FWD_W32[(64, 2)] == dict(block_m=4, block_n=64, num_warps=2)
     assert got.BWD == tuned.BWD
     assert BwdConfig(**{**tuned.BWD.get((64, 2), configs._default_bwd(64, 2).__dict__), **got.BWD_DIRECT[(64, 2)]})
-    assert calls.count("table") == 2 and len(calls) == 2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_COLS)) + 2 * 2 * 6
+    fwd_cands = list(tune.fwd_sweep_candidates(64))
+    assert any(c.tma_stages for c in fwd_cands)      # the descriptor forms ran too
+    assert calls.count("table") == 2 and len(calls) == (2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_COLS))
+                                                        + 2 * 2 * len(fwd_cands))
     assert "cols16x128" in calls
+    # entries not swept keep their text, measurement comments included
+    text = (tmp_path / "tuned.py").read_text()
+    for name in ("FWD", "FWD_W32", "BWD_DIRECT"):
+        kept = tune._entry_texts(name)
+        assert kept and all(entry.lstrip().startswith("#") and entry in text for entry in kept.values())
     assert tuned.FWD == tune.ORIGINAL_FWD and tuned.FWD_W32 == tune.ORIGINAL_FWD_W32

@@ -159,11 +159,13 @@ SWEEP_TILES = {   # (block_m, num_warps) around the tiles stage 1 picked
     4096: [(1, 4), (1, 8), (2, 8)],
     5120: [(1, 8), (1, 16), (2, 16)],
     6144: [(1, 8), (1, 16), (2, 16)],
-    256: [(32, 4), (16, 4), (64, 8)],
+    # bm32 w4 (the stage-2 entry) spills ~850 bytes a thread with prefetch (tools/compile_check.py,
+    # Triton 3.9): tiles of at most 32 elements a thread
+    256: [(16, 4), (8, 4), (16, 8)],
 }
 SWEEP_TILES_GATED = {
-    4096: [(1, 4), (1, 8), (2, 8), (1, 16), (2, 16)],
-    128: [(8, 4), (16, 4), (32, 4), (32, 8), (64, 8), (16, 8)],
+    4096: [(1, 8), (2, 8), (2, 16)],
+    128: [(32, 4), (32, 8), (64, 8)],
 }
 SWEEP_T = (256, 1024, 4096, 16384, 65536)
 SWEEP_T_HEAD = (1024, 4096, 16384)      # x the heads per token (24 for H 256, 32 for gated H 128)
@@ -272,8 +274,32 @@ def write_table(path, name, table):
         f.write(out)
 
 
-def _kept(original, chosen):
-    return "".join(f"    {key!r}: {entry!r},   # not swept: unchanged\n"
+def _entry_texts(name) -> dict:
+    """{(H, elt): text} of table `name` in configs/tuned.py as it was when this run
+    started: each entry with the comment lines above it."""
+    import ast
+    import re
+    src = ORIGINAL_SOURCE
+    m = re.search(rf"^{name}: dict = \{{\n(.*?)^\}}\n", src, flags=re.S | re.M)
+    texts, block, key = {}, [], None
+    for line in (m.group(1).splitlines(keepends=True) if m else []):
+        head = re.match(r"    \((\d+), (\d+)\):", line)
+        if line.startswith("    #") and key is not None:
+            texts[key], block, key = "".join(block), [], None
+        if head:
+            if key is not None:
+                texts[key], block = "".join(block), []
+            key = ast.literal_eval(f"({head.group(1)}, {head.group(2)})")
+        block.append(line)
+    if key is not None:
+        texts[key] = "".join(block)
+    return texts
+
+
+def _kept(original, chosen, name):
+    """The entries of `original` (table `name`) that were not swept, as they were written."""
+    texts = _entry_texts(name)
+    return "".join(texts.get(key, f"    {key!r}: {entry!r},\n")
                    for key, entry in original.items() if key[0] not in chosen)
 
 
@@ -281,10 +307,11 @@ def write_tuned(chosen, path, gated=False):
     """tuned.py with the BWD (or BWD_GATED) table replaced by `chosen` plus the entries not swept."""
     name = "BWD_GATED" if gated else "BWD"
     table = render_bwd_table(chosen, name)
-    table = table[:-2] + _kept(ORIGINAL_BWD_GATED if gated else ORIGINAL_BWD, chosen) + "}\n"
+    table = table[:-2] + _kept(ORIGINAL_BWD_GATED if gated else ORIGINAL_BWD, chosen, name) + "}\n"
     write_table(path, name, table)
 
 
+ORIGINAL_SOURCE = open(tuned.__file__).read()
 ORIGINAL_BWD = dict(tuned.BWD)
 ORIGINAL_BWD_GATED = dict(tuned.BWD_GATED)
 ORIGINAL_BWD_DIRECT = dict(tuned.BWD_DIRECT)
@@ -406,7 +433,7 @@ def main_small(args, dev, flush, log):
             lines.append(f"    ({hidden}, 2): dict({', '.join(fields)}),")
         else:
             lines[-1] += f" (H{hidden}: no entry, the table's forms stay)"
-        table = "BWD_DIRECT: dict = {\n" + "\n".join(lines) + "\n" + _kept(ORIGINAL_BWD_DIRECT, raw) + "}\n"
+        table = "BWD_DIRECT: dict = {\n" + "\n".join(lines) + "\n" + _kept(ORIGINAL_BWD_DIRECT, raw, "BWD_DIRECT") + "}\n"
         write_table(os.path.join(args.out, "tuned.py"), "BWD_DIRECT", table)
         with open(os.path.join(args.out, "sweep-small.json"), "w") as f:
             json.dump(raw, f, indent=1)
@@ -417,14 +444,36 @@ def main_small(args, dev, flush, log):
 FWD_T = (1, 16, 1024, 16384, 65536)
 FWD_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 FWD_W32_WIDTHS = (5120, 6144)     # the bench's float32-weight rows
+FWD_TMA_STAGES = (3, 4)           # the descriptor forms' pipeline depths
+
+
+FWD_TMA_CTAS = (1, 2, 4)          # and programs per SM
 
 
 def fwd_sweep_candidates(hidden):
+    """Plain tiles (tma_stages 0), and the descriptor form of the tiles that hold
+    at most 64 elements a thread, at each depth and programs per SM."""
     bn = configs.next_pow2(hidden)
     for bm, nw in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16)):
         per_thread = bm * bn // (32 * nw)
         if bm * bn <= 16384 and 4 <= per_thread <= 256 and (nw > 2 or bn <= 1024):
             yield FwdConfig(bm, bn, nw)
+            if 8 <= per_thread <= 64 and nw in (4, 8):
+                for st, ctas in itertools.product(FWD_TMA_STAGES, FWD_TMA_CTAS):
+                    yield FwdConfig(bm, bn, nw, tma_stages=st, ctas_per_sm=ctas)
+
+
+def _fwd_key(c: FwdConfig):
+    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0)
+
+
+def _fwd_name(k) -> str:
+    return f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "")
+
+
+def _fwd_entry(hidden, k) -> str:
+    extra = f", tma_stages={k[2]}, ctas_per_sm={k[3]}" if k[2] else ""
+    return f"dict(block_m={k[0]}, block_n={configs.next_pow2(hidden)}, num_warps={k[1]}{extra})"
 
 
 def _fwd_with(cfg, hidden, x, w, w32):
@@ -433,16 +482,16 @@ def _fwd_with(cfg, hidden, x, w, w32):
 
 
 def sweep_fwd(hidden, dev, flush, log, w32=False):
-    """{T: {(bm, nw): us}} of the forward (float32 weight with w32), every candidate interleaved per T."""
+    """{T: {key: us}} of the forward (float32 weight with w32), every candidate interleaved per T."""
     cands = list(fwd_sweep_candidates(hidden))
     res = {}
     for tokens in FWD_T:
         x = torch.randn(tokens, hidden, device=dev).to(torch.bfloat16)
         w = torch.randn(hidden, device=dev).to(torch.float32 if w32 else torch.bfloat16)
-        fns = {(c.block_m, c.num_warps): (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, w32)) for c in cands}
+        fns = {_fwd_key(c): (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, w32)) for c in cands}
         res[tokens] = time_fns(fns, flush, passes=2, samples=8)
         b = min(res[tokens], key=res[tokens].get)
-        log(f"  H{hidden}{' w32' if w32 else ''} T{tokens}: best bm{b[0]} w{b[1]} {res[tokens][b]:.2f} us")
+        log(f"  H{hidden}{' w32' if w32 else ''} T{tokens}: best {_fwd_name(b)} {res[tokens][b]:.2f} us")
         del x, w
         torch.cuda.empty_cache()
     return res
@@ -461,18 +510,18 @@ def main_fwd(args, dev, flush, log):
             score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in res[FWD_T[0]]}
             k = min(score, key=score.get)
             prev = original.get((hidden, 2)) or (ORIGINAL_FWD.get((hidden, 2)) if w32 else None)
-            pk = (prev["block_m"], prev["num_warps"]) if prev else None
+            pk = _fwd_key(FwdConfig(**prev)) if prev else None
             times = ", ".join(f"T{t} {res[t][k]:.2f}" for t in sorted(res))
-            prev_note = (f"; previous bm{pk[0]} w{pk[1]} x{score[pk]:.3f}: "
+            prev_note = (f"; previous {_fwd_name(pk)} x{score[pk]:.3f}: "
                          + ", ".join(f"T{t} {res[t][pk]:.2f}" for t in sorted(res))) if pk in score else ""
-            lines.append(f"    # bm{k[0]} w{k[1]}: {times} us; x{score[k]:.3f} geomean, worst "
+            lines.append(f"    # {_fwd_name(k)}: {times} us; x{score[k]:.3f} geomean, worst "
                          f"x{max(res[t][k] / best_t[t] for t in res):.2f} of the best per T over {len(score)}{prev_note}")
-            lines.append(f"    ({hidden}, 2): dict(block_m={k[0]}, block_n={configs.next_pow2(hidden)}, num_warps={k[1]}),")
+            lines.append(f"    ({hidden}, 2): {_fwd_entry(hidden, k)},")
             chosen[hidden] = k
-            raw[f"{name} {hidden}"] = {"times": {str(t): {f"bm{a} w{b}": v for (a, b), v in r.items()}
-                                                 for t, r in res.items()}, "chosen": f"bm{k[0]} w{k[1]}"}
+            raw[f"{name} {hidden}"] = {"times": {str(t): {_fwd_name(kk): v for kk, v in r.items()}
+                                                 for t, r in res.items()}, "chosen": _fwd_name(k)}
             log(f"{name} H{hidden}: {lines[-2][6:]}")
-            table = f"{name}: dict = {{\n" + "\n".join(lines) + "\n" + _kept(original, chosen) + "}\n"
+            table = f"{name}: dict = {{\n" + "\n".join(lines) + "\n" + _kept(original, chosen, name) + "}\n"
             write_table(os.path.join(args.out, "tuned.py"), name, table)
             with open(os.path.join(args.out, "sweep-fwd.json"), "w") as f:
                 json.dump(raw, f, indent=1)
