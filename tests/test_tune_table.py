@@ -24,17 +24,19 @@ def _tune():
 
 
 def test_write_tuned_replaces_one_table(tmp_path):
+    # a width no table has, so the other entries must come through untouched
     tune = _tune()
+    assert (96, 2) not in tuned.BWD and (96, 2) not in tuned.BWD_GATED
     cfg = BwdConfig(16, 128, 4, min_rows_per_chunk=16, max_chunks=264, ctas_per_sm=2, atomic_min_rows=tuned.NEVER)
-    chosen = {128: dict(cfg=cfg, note="bm16 w4 c2 max264: T1024 9.9 us", edge_note="det/atomic us: T1024 9.9/12.0")}
+    chosen = {96: dict(cfg=cfg, note="bm16 w4 c2 max264: T1024 9.9 us", edge_note="det/atomic us: T1024 9.9/12.0")}
     tune.write_tuned(chosen, str(tmp_path / "gated.py"), gated=True)
     tune.write_tuned(chosen, str(tmp_path / "plain.py"), gated=False)
     gated = _load(str(tmp_path / "gated.py"), "tuned_gated")
     plain = _load(str(tmp_path / "plain.py"), "tuned_plain")
     assert gated.BWD == tuned.BWD and gated.FWD == tuned.FWD
-    assert BwdConfig(**gated.BWD_GATED.pop((128, 2))) == cfg and gated.BWD_GATED == tuned.BWD_GATED
+    assert BwdConfig(**gated.BWD_GATED.pop((96, 2))) == cfg and gated.BWD_GATED == tuned.BWD_GATED
     assert plain.BWD_GATED == tuned.BWD_GATED
-    assert BwdConfig(**plain.BWD.pop((128, 2))) == cfg and plain.BWD == tuned.BWD
+    assert BwdConfig(**plain.BWD.pop((96, 2))) == cfg and plain.BWD == tuned.BWD
     assert "T1024 9.9 us" in (tmp_path / "gated.py").read_text()
 
 

@@ -138,6 +138,14 @@ def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_
 
 # --- forward ----------------------------------------------------------------------------
 
+# The plain forward reads the weight before the rows (kernels/forward.py, EARLY_WEIGHT)
+# where that holds at most 16 weight values a thread: on the H200 (tools/tune.py
+# --sweep-fwd) H 2048 bm1 w4 (16 a thread) read early was the best plain tile
+# (T1 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
+# tools/compile_check.py) took 535.9 us at T 65536 against 388.5 read late. The
+# descriptor form always reads it early: once per program, no row tile in registers.
+EARLY_WEIGHT_COLS_PER_WARP = 512
+
 def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
     hidden = x.shape[-1]
@@ -176,6 +184,7 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=col_tiles,
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate, TMA_STAGES=stages or None,
+            EARLY_WEIGHT=bool(stages) or cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps,
             INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
     return y, rstd, h

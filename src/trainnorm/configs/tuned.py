@@ -40,17 +40,23 @@ and the GPU tests.
 NEVER = 1 << 40
 # (H, elt) -> FwdConfig fields
 FWD: dict = {
-    # bm2 w2: T1 4.61, T16 4.64, T1024 5.17, T16384 14.19, T65536 39.07 us; x1.022 geomean, worst x1.05 of the best per T over 17; previous bm4 w2 x1.074: T1 4.86, T16 4.86, T1024 5.89, T16384 14.59, T65536 38.67
+    # bm2 w2: T1 4.46, T16 4.83, T1024 5.62, T16384 13.98, T65536 38.88 us; x1.044 geomean, worst x1.09 of the best per T over 59; previous bm2 w2 x1.044: T1 4.46, T16 4.83, T1024 5.62, T16384 13.98, T65536 38.88
     (512, 2): dict(block_m=2, block_n=512, num_warps=2),
-    # bm2 w4: T1 4.64, T16 4.83, T1024 6.90, T16384 30.08, T65536 100.64 us; x1.023 geomean, worst x1.06 of the best per T over 12; previous bm2 w4 x1.023: T1 4.64, T16 4.83, T1024 6.90, T16384 30.08, T65536 100.64
-    (1536, 2): dict(block_m=2, block_n=2048, num_warps=4),
-    # bm2 w4: T1 4.74, T16 4.90, T1024 7.33, T16384 38.26, T65536 135.65 us; x1.018 geomean, worst x1.04 of the best per T over 12; previous bm1 w4 x1.045: T1 5.33, T16 5.12, T1024 7.31, T16384 38.45, T65536 131.26
-    (2048, 2): dict(block_m=2, block_n=2048, num_warps=4),
-    # bm2 w8: T1 5.12, T16 5.22, T1024 8.93, T16384 70.40, T65536 263.04 us; x1.018 geomean, worst x1.04 of the best per T over 9; previous bm4 w16 x1.067: T1 5.34, T16 5.82, T1024 9.58, T16384 71.47, T65536 262.69
+    # bm2 w4 tma3 c4: T1 4.58, T16 4.93, T1024 7.25, T16384 31.07, T65536 106.11 us; x1.044 geomean, worst x1.08 of the best per T over 54; previous bm2 w4 x1.044: T1 4.35, T16 5.02, T1024 7.39, T16384 31.46, T65536 106.19
+    (1536, 2): dict(block_m=2, block_n=2048, num_warps=4, tma_stages=3, ctas_per_sm=4),
+    # bm1 w4: T1 4.45, T16 4.70, T1024 6.94, T16384 38.66, T65536 134.11 us; x1.027 geomean, worst x1.06 of the best per T over 54; previous bm2 w4 x1.057: T1 4.46, T16 5.15, T1024 7.57, T16384 37.23, T65536 134.66
+    (2048, 2): dict(block_m=1, block_n=2048, num_warps=4),
+    # bm1 w4 tma3 c4: T1 4.46, T16 4.80, T1024 9.34, T16384 74.38, T65536 279.04 us; x1.026 geomean, worst x1.07 of the best per T over 39; previous bm2 w8 x1.061: T1 4.48, T16 5.49, T1024 10.32, T16384 72.19, T65536 268.26
+    # kept: bm2 w8 (plain loads) for T >= 14928, where `trainnorm bench` had the descriptor form 4.6-5.6%
+    # slower than it (T65536 279.7 vs 264.0 us, T16384 72.8 vs 69.5; docs/benchmarks/h200.md)
     (4096, 2): dict(block_m=2, block_n=4096, num_warps=8),
-    # bm1 w4: T1 5.09, T16 5.97, T1024 11.49, T16384 92.72, T65536 351.12 us; x1.022 geomean, worst x1.11 of the best per T over 6; previous bm1 w4 x1.022: T1 5.09, T16 5.97, T1024 11.49, T16384 92.72, T65536 351.12
+    # bm1 w4 tma4 c2: T1 4.91, T16 5.18, T1024 10.82, T16384 98.62, T65536 379.10 us; x1.028 geomean, worst x1.05 of the best per T over 24; previous bm1 w4 x1.084: T1 4.88, T16 5.31, T1024 12.21, T16384 105.14, T65536 402.40
+    # kept: bm1 w4 with plain loads and the weight read late (dispatch.EARLY_WEIGHT_COLS_PER_WARP):
+    # `trainnorm bench` had the descriptor form 5-9% slower from T 4096 on (T65536 375.8 vs 350.3 us, T16384 98.4 vs 93.2)
     (5120, 2): dict(block_m=1, block_n=8192, num_warps=4),
-    # bm1 w4: T1 5.46, T16 5.86, T1024 12.40, T16384 102.29, T65536 388.53 us; x1.035 geomean, worst x1.10 of the best per T over 6; previous bm1 w4 x1.035: T1 5.46, T16 5.86, T1024 12.40, T16384 102.29, T65536 388.53
+    # bm1 w4 tma4 c2: T1 4.86, T16 5.31, T1024 12.03, T16384 113.49, T65536 422.29 us; x1.032 geomean, worst x1.05 of the best per T over 24; previous bm1 w4 x1.181: T1 4.96, T16 5.63, T1024 14.18, T16384 138.06, T65536 535.89
+    # kept: bm1 w4 with plain loads and the weight read late (dispatch.EARLY_WEIGHT_COLS_PER_WARP):
+    # `trainnorm bench` had the descriptor form 5-9% slower from T 4096 on (T65536 422.6 vs 387.6 us, T16384 110.9 vs 102.6)
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=4),
     # not swept (stage 1 at [16384, 24, 256]): 101.1 us; bm32 w16 100.8, bm8 w4 101.4
     (256, 2): dict(block_m=8, block_n=256, num_warps=2),
@@ -61,13 +67,18 @@ FWD: dict = {
 #   H6144 bm1 w4 (the FWD entry) 130.5 / 497.5 (102.3 / 389.6), bm2 w8 112.7 / 426.3 (108.4 / 409.3)
 # A two-row tile reads the float32 weight once for two rows.
 FWD_W32: dict = {
-    # bm2 w8: T1 5.57, T16 5.66, T1024 12.70, T16384 104.10, T65536 390.46 us; x1.024 geomean, worst x1.06 of the best per T over 6; previous bm2 w8 x1.024: T1 5.57, T16 5.66, T1024 12.70, T16384 104.10, T65536 390.46
-    (5120, 2): dict(block_m=2, block_n=8192, num_warps=8),
-    # bm2 w8: T1 5.34, T16 5.92, T1024 13.82, T16384 112.70, T65536 425.02 us; x1.026 geomean, worst x1.12 of the best per T over 6; previous bm2 w8 x1.026: T1 5.34, T16 5.92, T1024 13.82, T16384 112.70, T65536 425.02
-    (6144, 2): dict(block_m=2, block_n=8192, num_warps=8),
+    # bm1 w8 tma3 c2: T1 5.62, T16 6.02, T1024 12.34, T16384 96.35, T65536 370.08 us; x1.041 geomean, worst x1.08 of the best per T over 24; previous bm2 w8 x1.308: T1 5.34, T16 5.98, T1024 15.49, T16384 155.81, T65536 601.94
+    (5120, 2): dict(block_m=1, block_n=8192, num_warps=8, tma_stages=3, ctas_per_sm=2),
+    # bm1 w4 tma4 c2: T1 5.66, T16 6.05, T1024 12.59, T16384 112.48, T65536 419.73 us; x1.028 geomean, worst x1.07 of the best per T over 24; previous bm2 w8 x1.302: T1 5.66, T16 6.24, T1024 16.67, T16384 170.91, T65536 657.23
+    (6144, 2): dict(block_m=1, block_n=8192, num_warps=4, tma_stages=4, ctas_per_sm=2),
 }
 # (H, elt) -> BwdConfig fields
 BWD: dict = {
+    # bm8 w4 tma4 d2 c4 max264: T1024 22.0, T4096 51.6, T16384 162.5 us; x1.000 geomean, worst x1.00 of the best per T over 144 candidates
+    (256, 2): dict(block_m=8, block_n=256, num_warps=4, min_rows_per_chunk=8, max_chunks=264,
+                   ctas_per_sm=4, prefetch=False, tma_stages=4, dw_2d=True,
+                   # det/atomic us: T1024 22.4/26.1, T4096 52.0/53.1, T16384 162.6/160.6
+                   atomic_min_rows=393216),
     # bm8 w4 c2 max264: T256 8.8, T1024 10.3, T4096 17.2, T16384 40.2, T65536 124.9 us; x1.053 geomean, worst x1.15 of the best per T over 60 candidates
     # tma us (T1024, 4096, 16384, 65536): plain 10.0, 17.3, 40.0, 125.0; dw_2d 10.2, 15.3, 28.3, 74.2;
     #   dw_2d + tma3 10.7, 15.5, 27.3, 65.4; tma3 alone 10.4, 17.7, 38.1, 119.8 (the per-tile dw
@@ -112,17 +123,22 @@ BWD: dict = {
                    # (plain loads); with tma4, `trainnorm bench` (docs/benchmarks/h200, T65536 det/atomic):
                    #   634.1/656.3, res 817.0/837.8, w32 637.2/648.1, res w32 809.9/834.3: the atomic form lost
                    atomic_min_rows=NEVER),
-    # bm32 w4 pf c2 max264: T1024 27.7, T4096 75.0, T16384 255.7 us; x1.007 geomean, worst x1.02 of the best per T over 36 candidates
-    (256, 2): dict(block_m=32, block_n=256, num_warps=4, min_rows_per_chunk=32, max_chunks=264,
-                   ctas_per_sm=2, prefetch=True,
-                   # det/atomic us: T1024 28.2/32.2, T4096 74.9/79.5, T16384 254.9/273.2
-                   atomic_min_rows=NEVER),
 }
 
 # The gated backward (rms_norm_gated), keyed like BWD: `tools/tune.py
 # --sweep-bwd --gated`, the same sweep with a gate. A width without an entry
 # takes its BWD entry with twice the warps (configs.backward_config).
 BWD_GATED: dict = {
+    # bm1 w8 tma4 c2 max132: T256 13.9, T1024 23.1, T4096 57.7, T16384 192.1, T65536 720.9 us; x1.004 geomean, worst x1.02 of the best per T over 72 candidates
+    (4096, 2): dict(block_m=1, block_n=4096, num_warps=8, min_rows_per_chunk=1, max_chunks=132,
+                   ctas_per_sm=2, prefetch=False, tma_stages=4, dw_2d=False,
+                   # det/atomic us: T256 13.9/23.8, T1024 23.2/31.8, T4096 57.1/64.9, T16384 191.6/193.7, T65536 719.6/705.9
+                   atomic_min_rows=65536),
+    # bm32 w8 tma4 d2 c2 max132: T1024 23.1, T4096 57.0, T16384 185.9 us; x1.000 geomean, worst x1.00 of the best per T over 144 candidates
+    (128, 2): dict(block_m=32, block_n=128, num_warps=8, min_rows_per_chunk=32, max_chunks=132,
+                   ctas_per_sm=2, prefetch=False, tma_stages=4, dw_2d=True,
+                   # det/atomic us: T1024 23.3/22.6, T4096 56.8/56.1, T16384 188.2/188.1
+                   atomic_min_rows=0),
 }
 
 # The small-T forms of the plain backward, merged into the BWD entry: the
@@ -132,18 +148,22 @@ BWD_GATED: dict = {
 # chunk with each load form and against each column-slice tile at small T.
 # The entries below predate the column-slice form: none of them takes it.
 BWD_DIRECT: dict = {
-    # table/one-chunk plain us: T1 6.40/5.89, T2 6.74/6.24, T4 6.61/6.35, T8 6.75/6.59, T16 8.86/7.50, T32 8.86/9.89, T64 8.86/14.61, T128 9.18/24.21
-    (512, 2): dict(direct_max_rows=16, direct_prefetch=False, direct_tma_stages=0),
-    # table/one-chunk prefetch us: T1 4.96/4.45, T2 4.96/4.83, T4 7.98/5.89, T8 8.13/7.62, T16 8.18/11.36, T32 8.13/18.98, T64 8.45/34.02, T128 8.54/63.36
-    (1536, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0),
-    # table/one-chunk prefetch us: T1 5.26/4.35, T2 5.60/5.14, T4 5.68/5.44, T8 8.56/6.75, T16 8.51/10.53, T32 8.90/17.44, T64 9.22/30.90, T128 9.28/57.10
-    (2048, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0),
-    # table/one-chunk prefetch us: T1 5.54/4.80, T2 5.65/5.70, T4 9.36/6.78, T8 9.34/9.07, T16 9.23/13.04, T32 9.79/21.38, T64 9.98/37.86, T128 10.40/71.06
-    # (written by the rule before tune.py's SMALL_NOISE, which ended the window at T2's 5.70 vs 5.65;
-    #  today's rule gives direct_max_rows=8 from these numbers: not timed by the bench yet, so not taken)
-    (4096, 2): dict(direct_max_rows=0, direct_prefetch=True, direct_tma_stages=0),
-    # table/one-chunk prefetch us: T1 6.02/5.30, T2 9.82/7.18, T4 9.73/10.02, T8 9.78/15.23, T16 10.05/26.42, T32 10.46/48.86, T64 11.17/91.78, T128 13.06/177.30
-    (5120, 2): dict(direct_max_rows=2, direct_prefetch=True, direct_tma_stages=0),
-    # table/one-chunk prefetch us: T1 6.05/5.41, T2 9.65/7.41, T4 9.89/10.37, T8 10.13/16.05, T16 10.50/27.09, T32 10.30/49.02, T64 11.46/94.83, T128 13.62/181.70
-    (6144, 2): dict(direct_max_rows=2, direct_prefetch=True, direct_tma_stages=0),
+    # table/one-chunk plain us: T1 6.53/5.95, T2 6.78/6.35, T4 6.75/6.37, T8 6.66/6.21, T16 9.04/7.54, T32 9.18/9.86, T64 8.90/14.85, T128 9.09/24.16, T256 9.09/42.78, T512 9.71/81.33
+    # table/cols32x128 us: T32 9.18/7.04, T64 8.90/8.58, T128 9.09/11.58, T256 9.09/17.41, T512 9.71/29.34
+    (512, 2): dict(direct_max_rows=16, direct_prefetch=False, direct_tma_stages=0, cols_max_rows=64, cols_block_m=32, cols_block_n=128),
+    # table/one-chunk prefetch us: T1 4.91/4.51, T2 5.39/4.93, T4 8.53/5.73, T8 8.21/7.62, T16 8.51/11.62, T32 8.26/18.69, T64 8.50/33.89, T128 8.93/63.28, T256 9.23/121.71, T512 11.36/236.67
+    # table/cols16x64 us: T16 8.51/6.59, T32 8.26/7.44, T64 8.50/9.39, T128 8.93/12.90, T256 9.23/19.68, T512 11.36/34.13
+    (1536, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0, cols_max_rows=32, cols_block_m=16, cols_block_n=64),
+    # table/one-chunk prefetch us: T1 5.31/4.54, T2 5.95/5.57, T4 6.05/5.71, T8 8.67/6.70, T16 8.80/10.78, T32 9.14/17.58, T64 8.85/31.44, T128 9.33/58.26, T256 9.87/111.10, T512 11.07/216.18
+    # table/cols16x64 us: T16 8.80/7.07, T32 9.14/8.74, T64 8.85/10.75, T128 9.33/15.62, T256 9.87/25.07, T512 11.07/43.87
+    (2048, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0, cols_max_rows=32, cols_block_m=16, cols_block_n=64),
+    # table/one-chunk prefetch us: T1 5.95/5.12, T2 5.92/5.76, T4 9.50/6.91, T8 9.28/9.10, T16 9.86/13.31, T32 9.54/21.25, T64 10.05/38.45, T128 10.48/71.34, T256 12.13/136.93, T512 13.92/268.11
+    # table/cols16x64 us: T16 9.86/7.65, T32 9.54/8.61, T64 10.05/11.30, T128 10.48/16.11, T256 12.13/26.10, T512 13.92/45.58
+    (4096, 2): dict(direct_max_rows=8, direct_prefetch=True, direct_tma_stages=0, cols_max_rows=32, cols_block_m=16, cols_block_n=64),
+    # table/one-chunk tma3 us: T1 6.30/6.19, T2 9.57/7.20, T4 10.02/9.50, T8 9.66/13.49, T16 10.16/22.18, T32 10.35/38.78, T64 11.36/72.78, T128 12.83/140.32, T256 14.56/274.70, T512 16.94/545.20
+    # table/cols16x64 us: T8 9.66/7.30, T16 10.16/7.94, T32 10.35/8.88, T64 11.36/11.49, T128 12.83/16.80, T256 14.56/27.17, T512 16.94/47.22
+    (5120, 2): dict(direct_max_rows=4, direct_prefetch=False, direct_tma_stages=3, cols_max_rows=32, cols_block_m=16, cols_block_n=64),
+    # table/one-chunk prefetch us: T1 6.21/5.58, T2 9.68/7.55, T4 10.02/10.43, T8 9.97/15.94, T16 10.74/27.22, T32 10.86/49.34, T64 11.81/95.23, T128 13.55/180.80, T256 14.96/358.11, T512 17.58/707.28
+    # table/cols16x64 us: T4 10.02/7.46, T8 9.97/7.49, T16 10.74/7.62, T32 10.86/9.04, T64 11.81/12.05, T128 13.55/16.91, T256 14.96/27.46, T512 17.58/47.39
+    (6144, 2): dict(direct_max_rows=2, direct_prefetch=True, direct_tma_stages=0, cols_max_rows=32, cols_block_m=16, cols_block_n=64),
 }

@@ -16,8 +16,11 @@ when it fits (COL_TILES == 1); wider rows are walked in COL_TILES tiles twice
 only, so the reduction order of a row never depends on how many rows there
 are: y and rstd are batch-invariant.
 
-Rows that fit one tile: program pid takes row tiles pid, pid + grid, ...; the
-weight is read once per program, before the first tile's rows arrive. With
+Rows that fit one tile: program pid takes row tiles pid, pid + grid, ...
+With EARLY_WEIGHT the weight is read once per program, before the first
+tile's rows arrive (its latency hidden behind theirs); without it, for each
+tile after the tile's sum of squares (no registers held for it while the
+rows are in flight). With
 TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and later) x
 (and r) are read through tensor descriptors (DESC_X, DESC_R: [rows, H] with
 a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared memory and
@@ -65,6 +68,7 @@ def rms_norm_fwd_kernel(
     HAS_GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     TMA_STAGES: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -73,7 +77,7 @@ def rms_norm_fwd_kernel(
 
     if COL_TILES == 1:
         m_n = o_n < n_cols
-        if HAS_WEIGHT:
+        if HAS_WEIGHT and EARLY_WEIGHT:
             b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
         else:
             b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
@@ -103,7 +107,11 @@ def rms_norm_fwd_kernel(
             b_rstd = rstd_of_rows(b_h, n_cols, eps)
             b_y = b_h * b_rstd[:, None]
             if HAS_WEIGHT:
-                b_y = b_y * b_w
+                if EARLY_WEIGHT:
+                    b_wt = b_w
+                else:
+                    b_wt = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+                b_y = b_y * b_wt
             if HAS_GATE and not GATE_FIRST:
                 b_y = b_y * (b_z * b_sig)
             tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
