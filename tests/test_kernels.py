@@ -250,6 +250,14 @@ def test_fast_mode_form_windows():
     assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes
 
 
+def record_descriptors(monkeypatch) -> list:
+    """The arguments of every tensor descriptor the dispatcher makes from now on."""
+    made = []
+    real = dispatch._row_descriptor
+    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    return made
+
+
 LOAD_FORMS = {"plain": {}, "prefetch": {"prefetch": True}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
 
 
@@ -266,9 +274,7 @@ def test_load_forms_same_bits(device, monkeypatch, gated, residual):
     base = replace(backward_config(hidden, torch.bfloat16, gated), block_m=4, min_rows_per_chunk=12, max_chunks=8)
     case = make_case("outlier", (41,), hidden, residual=residual, seed=11, device=device)
     gate = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gated else None
-    made = []
-    real = dispatch._row_descriptor
-    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    made = record_descriptors(monkeypatch)
     outs = {}
     for name, kw in LOAD_FORMS.items():
         cfg = replace(base, **kw)
@@ -297,9 +303,7 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
     buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
     x, dy = buf[:, 1:], torch.randn(30, hidden, device=device).to(torch.bfloat16)
     w = torch.randn(hidden, device=device).to(torch.bfloat16)
-    made = []
-    real = dispatch._row_descriptor
-    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    made = record_descriptors(monkeypatch)
     outs = []
     for stages in (0, 3):
         cfg = replace(backward_config(hidden, torch.bfloat16), tma_stages=stages)
@@ -326,9 +330,7 @@ def test_forward_load_forms_same_bits(device, monkeypatch, residual, gate):
     case = make_case("outlier", (41,), hidden, residual=residual, seed=5, device=device)
     z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
     base = replace(configs.forward_config(hidden, case.x.dtype, case.weight.dtype), block_m=4, ctas_per_sm=1)
-    made = []
-    real = dispatch._row_descriptor
-    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    made = record_descriptors(monkeypatch)
     outs = {}
     for name, kw in FWD_FORMS.items():
         cfg = replace(base, **kw)
@@ -359,9 +361,7 @@ def test_forward_tma_needs_aligned_rows(device, monkeypatch):
     heads = torch.randn(10, 3 * 2 * hidden + 64, device=device).to(torch.bfloat16)[:, :6 * hidden].unflatten(1, (3, 2 * hidden))
     cfg = replace(configs.forward_config(hidden, torch.bfloat16, torch.bfloat16), tma_stages=3)
     monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None: cfg)
-    made = []
-    real = dispatch._row_descriptor
-    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    made = record_descriptors(monkeypatch)
     for x in (buf[:, 1:], heads[..., :hidden]):
         got = trainnorm.rms_norm_forward(x, w, EPS)
         assert not made

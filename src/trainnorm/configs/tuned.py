@@ -146,7 +146,7 @@ BWD_GATED: dict = {
 # and the column-slice dw window (cols_max_rows, cols_block_m, cols_block_n).
 # `tools/tune.py --sweep-small` times the BWD entry's chunking against one
 # chunk with each load form and against each column-slice tile at small T.
-# The entries below predate the column-slice form: none of them takes it.
+# Each entry: the one-chunk window, then the column-slice window past it, with its tile.
 BWD_DIRECT: dict = {
     # table/one-chunk plain us: T1 6.53/5.95, T2 6.78/6.35, T4 6.75/6.37, T8 6.66/6.21, T16 9.04/7.54, T32 9.18/9.86, T64 8.90/14.85, T128 9.09/24.16, T256 9.09/42.78, T512 9.71/81.33
     # table/cols32x128 us: T32 9.18/7.04, T64 8.90/8.58, T128 9.09/11.58, T256 9.09/17.41, T512 9.71/29.34
