@@ -5,10 +5,13 @@ weight, random normal inputs; times are medians of CUDA-graph replays after an
 L2 flush.
 
 FWD, FWD_W32: `tools/tune.py --sweep-fwd`: every forward tile (block_m,
-num_warps) timed interleaved at T = 1, 16, 1024, 16384, 65536; the entry is the
-tile with the lowest geomean of its time relative to the best tile at each T
-(the line above it gives its times and those of the previous entry). H = 256
-keeps its stage-1 entry ([16384, 24, 256]).
+num_warps), with plain loads and (tiles of at most 64 elements a thread)
+through tensor descriptors 3 or 4 deep at 1, 2 or 4 programs per SM, timed
+interleaved at T = 1, 16, 1024, 16384, 65536; the entry is the tile with the
+lowest geomean of its time relative to the best tile at each T (the line
+above it gives its times and those of the previous entry; a "kept" line says
+where the bench overruled the sweep). H = 256 keeps its stage-1 entry
+([16384, 24, 256]). Raw data: docs/benchmarks/tune/h200-sweep2-fwd.*.
 
 BWD_DIRECT: `tools/tune.py --sweep-small` (see the table).
 
