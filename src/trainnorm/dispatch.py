@@ -120,15 +120,17 @@ def _tma_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(idx)[0] >= 9
 
 
-def _tma_ok(nh: int, *views) -> bool:
-    """One-level rows whose base and row stride are 16-byte aligned (the bulk copy's rules)."""
-    if nh != 1:
-        return False
+def _descriptor_stages(stages: int, col_tiles: int, nh: int, *views) -> int:
+    """`stages` where the rows can be read through tensor descriptors (rows that fit
+    one tile, one level, base and row stride 16-byte aligned: the bulk copy's
+    rules), else 0. The layout is only inspected when a config asks for them."""
+    if not stages or col_tiles != 1 or nh != 1:
+        return 0
     for t, stride in views:
         e = t.element_size()
         if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
-            return False
-    return True
+            return 0
+    return stages
 
 
 def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
@@ -170,7 +172,7 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
     zv, szt, szh = next(rest) if gate is not None else (xv, 0, 0)
     col_tiles = cfg.col_tiles(hidden)
     tiles = cdiv(rows, cfg.block_m)
-    stages = cfg.tma_stages if col_tiles == 1 and _tma_ok(nh, (xv, sxt), (rv, srt)) else 0
+    stages = _descriptor_stages(cfg.tma_stages, col_tiles, nh, (xv, sxt), (rv, srt))
     if stages:
         desc_x = _row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
         desc_r = _row_descriptor(rv, srt, rows, hidden, cfg.block_m, cfg.block_n) if residual is not None else desc_x
@@ -275,7 +277,7 @@ def backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate=No
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
     prefetch, stages = cfg.loads(plan.num_chunks)
-    stages = stages if plan.col_tiles == 1 and _tma_ok(nh, (dyv, sdyt), (hv, sht)) else 0
+    stages = _descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht))
     if stages:
         desc_dy, desc_h = (_row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
                            for t, st in ((dyv, sdyt), (hv, sht)))
