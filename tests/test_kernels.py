@@ -11,7 +11,7 @@ from trainnorm import dispatch, reference
 from trainnorm.configs import backward_config
 from trainnorm.families import FAMILIES, make_case
 
-from helpers import assert_bits_equal, check_backward, check_forward
+from helpers import assert_bits_equal, assert_close64, check_backward, check_forward
 
 EPS = 1e-6
 # H of the tuned families, odd widths, and widths past one tile (forward 16384, backward 8192)
@@ -477,3 +477,41 @@ def test_cols_form(device, monkeypatch, name):
     monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
     assert dispatch.backward_plan(rows, hidden, dtype, True, True).dw_mode == dispatch.DW_PARTIAL
 
+
+
+@pytest.mark.parametrize("block_m,block_n", [(1, 128), (2, 256), (4, 64)])
+@pytest.mark.parametrize("residual,gate", [(False, None), (True, None), (False, "after"), (False, "first")])
+def test_forward_two_pass_forms(device, monkeypatch, block_m, block_n, residual, gate):
+    # H 1000 walked in 8 tiles of 128 (both walks unrolled), 4 of 256 (unrolled) and
+    # 16 of 64 (past FWD_COL_UNROLL_MAX: rolled loops), one row with a float32 sum of
+    # squares that overflows: each form against FP64, and a row's bits independent of the rows beside it
+    from dataclasses import replace
+
+    from trainnorm import configs
+    hidden, rows = 1000, 23
+    cfg = replace(configs.forward_config(hidden, torch.bfloat16, torch.bfloat16), block_m=block_m,
+                  block_n=block_n, tma_stages=0)
+    tiles = cfg.col_tiles(hidden)
+    assert tiles > 1 and (tiles <= dispatch.FWD_COL_UNROLL_MAX) == (block_n > 64)
+    monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None: cfg)
+    case = make_case("outlier", (rows,), hidden, residual=residual, seed=block_n, device=device)
+    case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
+    z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
+
+    def fwd(x, r, zz):
+        if gate:
+            return trainnorm.rms_norm_gated_forward(x, zz, case.weight, EPS, norm_before_gate=gate == "after")
+        return trainnorm.rms_norm_forward(x, case.weight, EPS, residual=r)[:2]
+
+    y, rstd = fwd(case.x, case.residual, z)
+    y64, rstd64, _ = reference.forward_fp64(case.x, case.weight, EPS, case.residual, z, gate != "first")
+    assert_close64(y, y64, "y")
+    assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
+    if not gate:
+        check_forward(case.x, case.weight, EPS, case.residual, *trainnorm.rms_norm_forward(
+            case.x, case.weight, EPS, residual=case.residual))
+    lo, hi = 3, 10
+    sub = fwd(case.x[lo:hi], None if case.residual is None else case.residual[lo:hi],
+              None if z is None else z[lo:hi])
+    for a, b, n in zip((y, rstd), sub, ("y", "rstd")):
+        assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")

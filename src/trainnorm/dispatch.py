@@ -147,6 +147,10 @@ def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_
 # tools/compile_check.py) took 535.9 us at T 65536 against 388.5 read late. The
 # descriptor form always reads it early: once per program, no row tile in registers.
 EARLY_WEIGHT_COLS_PER_WARP = 512
+# Rows walked in up to this many tiles have both walks unrolled (kernels/forward.py,
+# COL_UNROLL): the widths tools/tune.py --sweep-fwd times these two-pass forms at
+# (FWD_CHUNK_MAX_TILES). Wider rows keep rolled loops, an unmeasured choice.
+FWD_COL_UNROLL_MAX = 8
 
 def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
@@ -187,6 +191,7 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate, TMA_STAGES=stages or None,
             EARLY_WEIGHT=bool(stages) or cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps,
+            COL_UNROLL=col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1,
             INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
     return y, rstd, h

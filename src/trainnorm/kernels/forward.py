@@ -12,7 +12,11 @@ or, with GATE_FIRST, u = f32(h) * s normalised in place of h:
 
 A row tile is BLOCK_M rows. A row is held in one tile of BLOCK_N columns
 when it fits (COL_TILES == 1); wider rows are walked in COL_TILES tiles twice
-(sum of squares, then normalise). The tile shape is a function of (H, dtype)
+(sum of squares, then normalise; the second walk re-reads x, and r, which the
+first left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of
+a row's tiles in one straight run their loads are in flight together, as in
+the one-tile form, but a row holds no padding columns (H 5120 as five tiles of
+1024 against one of 8192). The tile shape is a function of (H, dtype)
 only, so the reduction order of a row never depends on how many rows there
 are: y and rstd are batch-invariant.
 
@@ -69,6 +73,7 @@ def rms_norm_fwd_kernel(
     GATE_FIRST: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     EARLY_WEIGHT: tl.constexpr,
+    COL_UNROLL: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -123,7 +128,7 @@ def rms_norm_fwd_kernel(
                                               stride_zt, stride_zh, n_cols, TWO_LEVEL, HAS_RESIDUAL, HAS_GATE)
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
             o_c = n0 + o_n
             mask = m_m[:, None] & (o_c < n_cols)[None, :]
             b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
@@ -135,7 +140,7 @@ def rms_norm_fwd_kernel(
             b_s = b_h * SCALE_DOWN
             b_acc_scaled += b_s * b_s
         b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
             o_c = n0 + o_n
             m_n = o_c < n_cols
             mask = m_m[:, None] & m_n[None, :]
