@@ -42,23 +42,32 @@ class Recorder:
         def launch(*args, **kw):
             kw = dict(kw, INTERPRETED=False) if "INTERPRETED" in self.kernel.arg_names else dict(kw)
             num_warps = kw.pop("num_warps", 4)
-            sig = {}
+            sig, aligned = {}, []
             for name, a in zip(self.kernel.arg_names, args):
+                # the launch-time specialisation of Triton's JIT: 16-byte aligned pointers and
+                # integers divisible by 16 are marked so (vector loads depend on it), 1 is a constant
                 if isinstance(a, torch.Tensor):
                     sig[name] = "*" + TYPES[a.dtype]
+                    if a.data_ptr() % 16 == 0:
+                        aligned.append(name)
                 elif type(a).__name__ == "TensorDescriptor":
                     sig[name] = f"tensordesc<{TYPES[a.base.dtype]}[{', '.join(map(str, a.block_shape))}]>"
                 elif isinstance(a, bool):
                     sig[name] = "i1"
+                elif isinstance(a, int) and a == 1:
+                    kw[name] = 1
                 elif isinstance(a, int):
                     sig[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+                    if a % 16 == 0:
+                        aligned.append(name)
                 else:
                     sig[name] = "fp32"
             consts = {k: v for k, v in kw.items()}
             for k in consts:
                 sig[k] = "constexpr"
-            key = (self.kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())), num_warps)
-            records[key] = (self.kernel, sig, consts, num_warps)
+            key = (self.kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())), num_warps,
+                   tuple(aligned))
+            records[key] = (self.kernel, sig, consts, num_warps, aligned)
         return launch
 
 
@@ -142,6 +151,25 @@ def exercise_fwd_tma():
             configs.forward_config = orig
 
 
+def exercise_fwd_chunks():
+    """The forward's two-pass forms (rows walked in 2-8 narrower tiles) that tune.py --sweep-fwd times."""
+    from tune import FWD_WIDTHS, fwd_sweep_candidates
+    orig = configs.forward_config
+    try:
+        for hidden in FWD_WIDTHS:
+            for cfg in fwd_sweep_candidates(hidden):
+                if cfg.col_tiles(hidden) == 1:
+                    continue
+                configs.forward_config = lambda h, d, wd=None, cfg=cfg: cfg
+                for wdt in (torch.bfloat16, torch.float32):
+                    x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt, False)
+                    for res in (None, r):
+                        trainnorm.rms_norm_forward(x, w, residual=res)
+                    trainnorm.rms_norm_gated_forward(x, r, w)
+    finally:
+        configs.forward_config = orig
+
+
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
     from triton.backends.nvidia.compiler import get_ptxas   # the ptxas Triton itself uses for this arch
     ptxas = get_ptxas(arch).path
@@ -163,22 +191,27 @@ def main() -> int:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--cols-only", action="store_true", help="only the column-slice dw forms (DW_COLS)")
     p.add_argument("--fwd-tma-only", action="store_true", help="only the forward's descriptor forms")
+    p.add_argument("--fwd-chunks-only", action="store_true", help="only the forward's two-pass forms")
     args = p.parse_args()
     exercise()
-    if args.cols_only or args.fwd_tma_only:
+    only = args.cols_only or args.fwd_tma_only or args.fwd_chunks_only
+    if only:
         records.clear()
-    if not args.fwd_tma_only:
+    if args.cols_only or not only:
         exercise_cols()
-    if not args.cols_only:
+    if args.fwd_tma_only or not only:
         exercise_fwd_tma()
+    if args.fwd_chunks_only or not only:
+        exercise_fwd_chunks()
     target = GPUTarget("cuda", args.arch, 32)
     bad = 0
     print(f"{len(records)} kernel forms; Triton {triton.__version__}, sm_{args.arch}")
-    for (name, _, consts, nw), (kernel, sig, c, num_warps) in sorted(records.items(), key=lambda kv: str(kv[0])):
+    for (name, *_), (kernel, sig, c, num_warps, aligned) in sorted(records.items(), key=lambda kv: str(kv[0])):
         label = f"{name} w{num_warps} " + " ".join(f"{k}={v}" for k, v in sorted(c.items()) if k != "INTERPRETED")
         try:
             src = ASTSource(fn=kernel, signature=sig,
-                            constexprs={(kernel.arg_names.index(k),): v for k, v in c.items()})
+                            constexprs={(kernel.arg_names.index(k),): v for k, v in c.items()},
+                            attrs={(kernel.arg_names.index(k),): [["tt.divisibility", 16]] for k in aligned})
             compiled = triton.compile(src, target=target, options=dict(num_warps=num_warps))
             regs, spill, text = ptxas_report(compiled.asm["ptx"], args.arch)
             if regs < 0:
