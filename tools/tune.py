@@ -450,9 +450,19 @@ FWD_TMA_STAGES = (3, 4)           # the descriptor forms' pipeline depths
 FWD_TMA_CTAS = (1, 2, 4)          # and programs per SM
 
 
+FWD_CHUNK_BN = (512, 1024, 2048)   # the two-pass forms' tile widths
+FWD_CHUNK_MAX_TILES = 8
+# bench rows that share a width's FWD / FWD_W32 entry with the plain rows: the
+# entry is scored on them too (H6144 res and res w32, H4096 gate)
+FWD_VARIANTS = {6144: ("", "res"), 4096: ("", "gate")}
+
+
 def fwd_sweep_candidates(hidden):
     """Plain tiles (tma_stages 0), and the descriptor form of the tiles that hold
-    at most 64 elements a thread, at each depth and programs per SM."""
+    at most 64 elements a thread, at each depth and programs per SM; then rows
+    walked twice in 2-8 narrower tiles (the second pass re-reads x from L1 / L2),
+    which hold no padding: H 5120 is five 1024-wide tiles where the one-tile
+    form holds 8192 columns a row."""
     bn = configs.next_pow2(hidden)
     for bm, nw in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16)):
         per_thread = bm * bn // (32 * nw)
@@ -461,40 +471,62 @@ def fwd_sweep_candidates(hidden):
             if 8 <= per_thread <= 64 and nw in (4, 8):
                 for st, ctas in itertools.product(FWD_TMA_STAGES, FWD_TMA_CTAS):
                     yield FwdConfig(bm, bn, nw, tma_stages=st, ctas_per_sm=ctas)
+    for cbn in FWD_CHUNK_BN:
+        if cbn < bn and configs.cdiv(hidden, cbn) <= FWD_CHUNK_MAX_TILES:
+            for bm, nw in itertools.product((1, 2, 4, 8), (4, 8, 16)):
+                # unrolled, a thread holds all of its tiles at once: at most 64 elements
+                # (H5120 bm4 n512 w4, 128, spills under ptxas: tools/compile_check.py)
+                per_thread = bm * cbn // (32 * nw)
+                if 4 <= per_thread and per_thread * configs.cdiv(hidden, cbn) <= 64:
+                    yield FwdConfig(bm, cbn, nw)
 
 
-def _fwd_key(c: FwdConfig):
-    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0)
+def _fwd_key(c: FwdConfig, hidden: int):
+    chunk = c.block_n if c.block_n < configs.next_pow2(hidden) else 0
+    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk)
 
 
 def _fwd_name(k) -> str:
-    return f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "")
+    return f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
 
 
 def _fwd_entry(hidden, k) -> str:
     extra = f", tma_stages={k[2]}, ctas_per_sm={k[3]}" if k[2] else ""
-    return f"dict(block_m={k[0]}, block_n={configs.next_pow2(hidden)}, num_warps={k[1]}{extra})"
+    return f"dict(block_m={k[0]}, block_n={k[4] or configs.next_pow2(hidden)}, num_warps={k[1]}{extra})"
 
 
-def _fwd_with(cfg, hidden, x, w, w32):
+def _fwd_with(cfg, hidden, x, w, w32, r=None, z=None):
     _set(fwd=cfg, hidden=hidden, w32=w32)
-    return trainnorm.rms_norm_forward(x, w)
+    if z is not None:
+        return trainnorm.rms_norm_gated_forward(x, z, w)
+    return trainnorm.rms_norm_forward(x, w, residual=r)
 
 
 def sweep_fwd(hidden, dev, flush, log, w32=False):
-    """{T: {key: us}} of the forward (float32 weight with w32), every candidate interleaved per T."""
+    """{(variant, T): {key: us}} of the forward (float32 weight with w32), every
+    candidate interleaved per point; variant '' plain, 'res' with a residual,
+    'gate' gated (FWD_VARIANTS)."""
     cands = list(fwd_sweep_candidates(hidden))
     res = {}
-    for tokens in FWD_T:
-        x = torch.randn(tokens, hidden, device=dev).to(torch.bfloat16)
-        w = torch.randn(hidden, device=dev).to(torch.float32 if w32 else torch.bfloat16)
-        fns = {_fwd_key(c): (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, w32)) for c in cands}
-        res[tokens] = time_fns(fns, flush, passes=2, samples=8)
-        b = min(res[tokens], key=res[tokens].get)
-        log(f"  H{hidden}{' w32' if w32 else ''} T{tokens}: best {_fwd_name(b)} {res[tokens][b]:.2f} us")
-        del x, w
-        torch.cuda.empty_cache()
+    for variant in FWD_VARIANTS.get(hidden, ("",)):
+        for tokens in FWD_T:
+            x = torch.randn(tokens, hidden, device=dev).to(torch.bfloat16)
+            w = torch.randn(hidden, device=dev).to(torch.float32 if w32 else torch.bfloat16)
+            r = torch.randn_like(x) if variant == "res" else None
+            z = torch.randn_like(x) if variant == "gate" else None
+            fns = {_fwd_key(c, hidden): (lambda c=c, x=x, w=w, r=r, z=z: _fwd_with(c, hidden, x, w, w32, r, z))
+                   for c in cands}
+            res[(variant, tokens)] = pt = time_fns(fns, flush, passes=2, samples=8)
+            b = min(pt, key=pt.get)
+            log(f"  H{hidden}{' w32' if w32 else ''}{' ' + variant if variant else ''} T{tokens}: "
+                f"best {_fwd_name(b)} {pt[b]:.2f} us")
+            del x, w, r, z
+            torch.cuda.empty_cache()
     return res
+
+
+def _point(p) -> str:
+    return f"{p[0]} T{p[1]}" if p[0] else f"T{p[1]}"
 
 
 def main_fwd(args, dev, flush, log):
@@ -507,18 +539,19 @@ def main_fwd(args, dev, flush, log):
         for hidden in widths:
             res = sweep_fwd(hidden, dev, flush, log, w32)
             best_t = {t: min(v.values()) for t, v in res.items()}
-            score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in res[FWD_T[0]]}
+            keys = set.intersection(*(set(v) for v in res.values()))
+            score = {k: _geo([res[t][k] / best_t[t] for t in res]) for k in keys}
             k = min(score, key=score.get)
             prev = original.get((hidden, 2)) or (ORIGINAL_FWD.get((hidden, 2)) if w32 else None)
-            pk = _fwd_key(FwdConfig(**prev)) if prev else None
-            times = ", ".join(f"T{t} {res[t][k]:.2f}" for t in sorted(res))
+            pk = _fwd_key(FwdConfig(**prev), hidden) if prev else None
+            times = ", ".join(f"{_point(t)} {res[t][k]:.2f}" for t in res)
             prev_note = (f"; previous {_fwd_name(pk)} x{score[pk]:.3f}: "
-                         + ", ".join(f"T{t} {res[t][pk]:.2f}" for t in sorted(res))) if pk in score else ""
+                         + ", ".join(f"{_point(t)} {res[t][pk]:.2f}" for t in res)) if pk in score else ""
             lines.append(f"    # {_fwd_name(k)}: {times} us; x{score[k]:.3f} geomean, worst "
-                         f"x{max(res[t][k] / best_t[t] for t in res):.2f} of the best per T over {len(score)}{prev_note}")
+                         f"x{max(res[t][k] / best_t[t] for t in res):.2f} of the best per point over {len(score)}{prev_note}")
             lines.append(f"    ({hidden}, 2): {_fwd_entry(hidden, k)},")
             chosen[hidden] = k
-            raw[f"{name} {hidden}"] = {"times": {str(t): {_fwd_name(kk): v for kk, v in r.items()}
+            raw[f"{name} {hidden}"] = {"times": {_point(t): {_fwd_name(kk): v for kk, v in r.items()}
                                                  for t, r in res.items()}, "chosen": _fwd_name(k)}
             log(f"{name} H{hidden}: {lines[-2][6:]}")
             table = f"{name}: dict = {{\n" + "\n".join(lines) + "\n" + _kept(original, chosen, name) + "}\n"
