@@ -53,10 +53,12 @@ FWD: dict = {
     # kept: bm2 w8 (plain loads) for T >= 14928, where `trainnorm bench` had the descriptor form 4.6-5.6%
     # slower than it (T65536 279.7 vs 264.0 us, T16384 72.8 vs 69.5; docs/benchmarks/h200.md)
     (4096, 2): dict(block_m=2, block_n=4096, num_warps=8),
-    # bm1 w4 tma4 c2: T1 4.91, T16 5.18, T1024 10.82, T16384 98.62, T65536 379.10 us; x1.028 geomean, worst x1.05 of the best per T over 24; previous bm1 w4 x1.084: T1 4.88, T16 5.31, T1024 12.21, T16384 105.14, T65536 402.40
-    # kept: bm1 w4 with plain loads and the weight read late (dispatch.EARLY_WEIGHT_COLS_PER_WARP):
-    # `trainnorm bench` had the descriptor form 5-9% slower from T 4096 on (T65536 375.8 vs 350.3 us, T16384 98.4 vs 93.2)
-    (5120, 2): dict(block_m=1, block_n=8192, num_warps=4),
+    # sweep of 2026-12-04 (35 candidates, docs/benchmarks/tune/h200-sweep3-fwd.txt): the geomean pick was
+    # bm1 w4 tma3 c2: T1 5.02, T16 4.99, T1024 11.28, T16384 94.45, T65536 363.68 us; the one-tile bm1 w4
+    # 5.38, 5.18, 11.42, 94.94, 358.54. Taken instead: two passes over three 2048-column tiles (no padding
+    # columns), bm1 w8 n2048: 5.81, 5.97, 12.22, 87.14, 327.39 -- the fastest at T 16384 and 65536, where the
+    # floor is 81 / 325 us, for 0.4-0.8 us more at T <= 16 and 0.8 us at T 1024
+    (5120, 2): dict(block_m=1, block_n=2048, num_warps=8),
     # bm1 w4 tma4 c2: T1 4.86, T16 5.31, T1024 12.03, T16384 113.49, T65536 422.29 us; x1.032 geomean, worst x1.05 of the best per T over 24; previous bm1 w4 x1.181: T1 4.96, T16 5.63, T1024 14.18, T16384 138.06, T65536 535.89
     # kept: bm1 w4 with plain loads and the weight read late (dispatch.EARLY_WEIGHT_COLS_PER_WARP):
     # `trainnorm bench` had the descriptor form 5-9% slower from T 4096 on (T65536 422.6 vs 387.6 us, T16384 110.9 vs 102.6)
@@ -70,8 +72,11 @@ FWD: dict = {
 #   H6144 bm1 w4 (the FWD entry) 130.5 / 497.5 (102.3 / 389.6), bm2 w8 112.7 / 426.3 (108.4 / 409.3)
 # A two-row tile reads the float32 weight once for two rows.
 FWD_W32: dict = {
-    # bm1 w8 tma3 c2: T1 5.62, T16 6.02, T1024 12.34, T16384 96.35, T65536 370.08 us; x1.041 geomean, worst x1.08 of the best per T over 24; previous bm2 w8 x1.308: T1 5.34, T16 5.98, T1024 15.49, T16384 155.81, T65536 601.94
-    (5120, 2): dict(block_m=1, block_n=8192, num_warps=8, tma_stages=3, ctas_per_sm=2),
+    # sweep of 2026-12-04: two passes over five 1024-column tiles, bm2 w8 n1024: T1 7.39, T16 7.90, T1024 11.60,
+    # T16384 89.92, T65536 330.77 us, the fastest from T 16384 on and within 1% at T 1024; the geomean pick
+    # bm1 w4 tma3 c2: 5.71, 6.02, 12.22, 94.77, 371.82; previous bm1 w8 tma3 c2: 5.70, 6.29, 12.26, 95.52, 370.74.
+    # The float32-weight rows start at T 256, so T <= 16 does not weigh here
+    (5120, 2): dict(block_m=2, block_n=1024, num_warps=8),
     # bm1 w4 tma4 c2: T1 5.66, T16 6.05, T1024 12.59, T16384 112.48, T65536 419.73 us; x1.028 geomean, worst x1.07 of the best per T over 24; previous bm2 w8 x1.302: T1 5.66, T16 6.24, T1024 16.67, T16384 170.91, T65536 657.23
     (6144, 2): dict(block_m=1, block_n=8192, num_warps=4, tma_stages=4, ctas_per_sm=2),
 }
