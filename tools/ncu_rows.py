@@ -1,7 +1,7 @@
 """What the kernels of a bench row spend their time on: Nsight Compute counters
 of every kernel one call of an implementation launches, for bench rows and
 implementations named on the command line, plus the graph-replay latency of
-a kernel that does nothing (the fixed cost in every small-T row).
+a kernel that stores one element (the fixed cost in every small-T row).
 
     ncu --profile-from-start off --clock-control none --cache-control all \\
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
@@ -14,7 +14,7 @@ cudaProfilerStart and cudaProfilerStop, after a marker kernel
 (torch.cuda._sleep) that splits ncu's kernel list into the cases in order.
 ncu flushes the caches before each kernel (--cache-control all), as the bench
 flushes L2 before each replay. Without ncu (--launch-floor) it times, by the
-bench's method, a CUDA graph of one empty Triton kernel.
+bench's method, a CUDA graph of one Triton kernel that stores one element.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def run_cases(cases: list[tuple[str, str, list[str]]], out_json: str | None) -> 
 
 
 def launch_floor() -> None:
-    """Graph replay of one empty Triton kernel after an L2 flush (the bench's method)."""
+    """Graph replay of a one-store Triton kernel after an L2 flush (the bench's method)."""
     import torch
     import triton
     import triton.language as tl
@@ -90,14 +90,15 @@ def launch_floor() -> None:
     from trainnorm.bench import timing
 
     @triton.jit
-    def _empty(X):
-        pass
+    def _one_store(X):
+        # one store: a kernel with no side effect is not captured into the graph at all
+        tl.store(X, 0.0)
 
     dev = torch.device("cuda")
     x = torch.empty(1, device=dev)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        timers = [timing.make_timer("empty triton kernel", lambda: _empty[(1,)](x), stream),
+        timers = [timing.make_timer("one-store triton kernel", lambda: _one_store[(1,)](x), stream),
                   timing.make_timer("one-element copy", lambda: x.copy_(x), stream)]
     torch.cuda.synchronize()
     res = timing.sample_interleaved(timers, timing.L2Flush(dev), 3, 25)
@@ -145,7 +146,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", action="append", default=[], help="'ROW ID|OP|impl,impl,...' (repeatable)")
     p.add_argument("--cases-out", default="cases.json", help="the order the cases ran in (for --summarize)")
-    p.add_argument("--launch-floor", action="store_true", help="time a graph of one empty kernel")
+    p.add_argument("--launch-floor", action="store_true", help="time a graph of a one-store kernel")
     p.add_argument("--summarize", nargs=2, metavar=("NCU_CSV", "CASES_JSON"))
     args = p.parse_args()
     if args.summarize:
