@@ -356,6 +356,7 @@ def test_merge_runs_over_different_rows(tmp_path):
     b = fake_result([("H4096 T4096", "bwd", 0.9)])
     b.copy_bytes_per_s = 4.2e12
     b.env = dict(b.env, date="later")
+    b.rows = b.rows + [r for r in shapes.all_rows() if r.id == "H4096 T16384"]   # selected, never reached
     for name, res in (("a", a), ("b", b)):
         report.write_outputs(res, str(tmp_path / name), plots=False)
     back = report.from_json(json.loads((tmp_path / "a" / "bench.json").read_text()))
@@ -369,6 +370,7 @@ def test_merge_runs_over_different_rows(tmp_path):
     assert ratios[("H4096 T4096", "bwd")] == pytest.approx(0.9)
     assert merged["copy_bandwidth_bytes_per_s"] == pytest.approx(4.2e12)   # median of 4.0 and 4.2 (upper)
     assert "later" in merged["env"]["merged from"]
+    assert "(1 of 2 selected rows measured" in merged["env"]["merged from"]
     assert merged["config"]["rows"] == "2 (2 seed, 0 small-T)"
 
 

@@ -405,7 +405,8 @@ def merge(parts: list[BenchResult]) -> BenchResult:
     if not parts:
         raise ValueError("nothing to merge")
     order = {r.id: i for i, r in enumerate(shapes.all_rows())}
-    rows = sorted({r.id: r for p in parts for r in p.rows}.values(), key=lambda r: order[r.id])
+    measured = {m.row for p in parts for m in p.measurements}   # a cut part's unreached rows stay out
+    rows = sorted({r.id: r for p in parts for r in p.rows if r.id in measured}.values(), key=lambda r: order[r.id])
     ops = [o for o in shapes.OPS if any(o in p.ops for p in parts)]
     impls = list(dict.fromkeys(i for p in parts for i in p.impls))
     cells: dict = {}
@@ -414,14 +415,19 @@ def merge(parts: list[BenchResult]) -> BenchResult:
             cells[(m.row, m.op, m.impl)] = m
     bws = sorted(p.copy_bytes_per_s for p in parts if p.copy_bytes_per_s)
     env = dict(parts[-1].env)
+    # A cut part selected more rows than it measured: name what it measured, and its warm-up,
+    # which differs between the parts of one merged run.
     env["merged from"] = "; ".join(
-        f"{p.env.get('gpu', '?')} {p.env.get('date', '?')} ({len(p.rows)} rows, copy "
-        f"{(p.copy_bytes_per_s or 0) / 1e9:.0f} GB/s)" for p in parts)
+        f"{p.env.get('gpu', '?')} {p.env.get('date', '?')} ({len({m.row for m in p.measurements} & {r.id for r in p.rows})} of "
+        f"{len(p.rows)} selected rows measured, copy {(p.copy_bytes_per_s or 0) / 1e9:.0f} GB/s, "
+        f"warm-up: {p.config.get('compile warm-up', '?')})" for p in parts)
     unavailable = {}
     for p in parts:
         unavailable.update(p.unavailable)
     unavailable = {k: v for k, v in unavailable.items() if k not in impls}
     config = dict(parts[-1].config, rows=shapes.describe(rows))    # the merged rows, not the last part's
+    if len({p.config.get("compile warm-up") for p in parts}) > 1:
+        config["compile warm-up"] = "per part: see `merged from`"
     return BenchResult(env, config, rows, ops, impls,
                        bws[len(bws) // 2] if bws else None, list(cells.values()), unavailable)
 
