@@ -146,6 +146,10 @@ def _row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_
 # (T1 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
 # tools/compile_check.py) took 535.9 us at T 65536 against 388.5 read late. The
 # descriptor form always reads it early: once per program, no row tile in registers.
+# Not with a gate: z, silu(z) and the weight held together took the gated H 4096
+# bm2 w8 tile to 174-178 registers (tools/compile_check.py; 90-94 without the gate),
+# one 8-warp program per SM, and `trainnorm bench` to 765 us at T 65536 (50% of the
+# floor) where the weight read late had run 391 us (docs/benchmarks/h200.md).
 EARLY_WEIGHT_COLS_PER_WARP = 512
 # Rows walked in up to this many tiles have both walks unrolled (kernels/forward.py,
 # COL_UNROLL): the widths tools/tune.py --sweep-fwd times these two-pass forms at
@@ -190,7 +194,7 @@ def forward(x, weight, residual, eps, gate=None, norm_before_gate=True):
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, COL_TILES=col_tiles,
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, TWO_LEVEL=nh > 1,
             HAS_GATE=gate is not None, GATE_FIRST=not norm_before_gate, TMA_STAGES=stages or None,
-            EARLY_WEIGHT=bool(stages) or cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps,
+            EARLY_WEIGHT=bool(stages) or (gate is None and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps),
             COL_UNROLL=col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1,
             INTERPRETED=not x.is_cuda, num_warps=cfg.num_warps,
         )
