@@ -405,8 +405,10 @@ def merge(parts: list[BenchResult]) -> BenchResult:
     if not parts:
         raise ValueError("nothing to merge")
     order = {r.id: i for i, r in enumerate(shapes.all_rows())}
-    measured = {m.row for p in parts for m in p.measurements}   # a cut part's unreached rows stay out
-    rows = sorted({r.id: r for p in parts for r in p.rows if r.id in measured}.values(), key=lambda r: order[r.id])
+    # a cut part selected more rows than it measured: its unreached rows stay out
+    reached = [{r.id for r in p.rows} & {m.row for m in p.measurements} for p in parts]
+    rows = sorted({r.id: r for p, got in zip(parts, reached) for r in p.rows if r.id in got}.values(),
+                  key=lambda r: order[r.id])
     ops = [o for o in shapes.OPS if any(o in p.ops for p in parts)]
     impls = list(dict.fromkeys(i for p in parts for i in p.impls))
     cells: dict = {}
@@ -415,12 +417,11 @@ def merge(parts: list[BenchResult]) -> BenchResult:
             cells[(m.row, m.op, m.impl)] = m
     bws = sorted(p.copy_bytes_per_s for p in parts if p.copy_bytes_per_s)
     env = dict(parts[-1].env)
-    # A cut part selected more rows than it measured: name what it measured, and its warm-up,
-    # which differs between the parts of one merged run.
+    # each part's warm-up too: it differs between the parts of one merged run
     env["merged from"] = "; ".join(
-        f"{p.env.get('gpu', '?')} {p.env.get('date', '?')} ({len({m.row for m in p.measurements} & {r.id for r in p.rows})} of "
-        f"{len(p.rows)} selected rows measured, copy {(p.copy_bytes_per_s or 0) / 1e9:.0f} GB/s, "
-        f"warm-up: {p.config.get('compile warm-up', '?')})" for p in parts)
+        f"{p.env.get('gpu', '?')} {p.env.get('date', '?')} ({len(got)} of {len(p.rows)} selected rows "
+        f"measured, copy {(p.copy_bytes_per_s or 0) / 1e9:.0f} GB/s, "
+        f"warm-up: {p.config.get('compile warm-up', '?')})" for p, got in zip(parts, reached))
     unavailable = {}
     for p in parts:
         unavailable.update(p.unavailable)
