@@ -15,6 +15,7 @@ import warnings
 import torch
 from torch import nn
 
+from . import reference
 from .functional import rms_norm, rms_norm_gated
 from .modules import RMSNorm, RMSNormGated
 
@@ -104,14 +105,10 @@ def _forward_arity(module: nn.Module):
 
 
 def _reference(x, gate, w, eps, kind):
-    """float64 value of the recognised kind."""
+    """float64 value of the recognised kind (``reference.forward_fp64`` with weight w + offset)."""
     gated, before, offset = _KINDS[kind]
-    x, w = x.double(), w.double() + offset
-    if gated and not before:
-        x = x * torch.nn.functional.silu(gate.double())
-    y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
-    if gated and before:
-        y = y * torch.nn.functional.silu(gate.double())
+    y, _, _ = reference.forward_fp64(x, w.double() + offset, eps, gate=gate if gated else None,
+                                     norm_before_gate=before)
     return y
 
 

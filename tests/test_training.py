@@ -1,4 +1,4 @@
-"""Training-stack integrations: activation checkpointing and the demo's two training runs.
+"""Training with trainnorm's modules: activation checkpointing and the demo's two training runs.
 
 (The CUDA-graph forward + backward step with a workspace is tests/test_gpu.py::test_cuda_graph_replay_bitwise.)"""
 import torch
