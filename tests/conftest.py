@@ -47,13 +47,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def force_atomic(monkeypatch):
+def use_configs():
+    """use_configs(forward=..., backward=...): a configs.override for the rest of the test."""
+    import contextlib
+
+    from trainnorm import configs
+    with contextlib.ExitStack() as stack:
+        yield lambda **kw: stack.enter_context(configs.override(**kw))
+
+
+@pytest.fixture
+def force_atomic():
     """deterministic=False takes its one-launch atomic form wherever it applies
     (from the first row on), whatever edge configs/tuned.py measured: the tests
     of that form do not depend on the tuned table."""
-    from dataclasses import replace
-
     from trainnorm import configs
-    orig = configs.backward_config
-    monkeypatch.setattr(configs, "backward_config",
-                        lambda hidden, dtype, gated=False: replace(orig(hidden, dtype, gated), atomic_min_rows=0))
+    with configs.override(backward=lambda key, cfg: cfg.replace(atomic_min_rows=0)):
+        yield

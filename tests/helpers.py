@@ -88,22 +88,23 @@ def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic):
     return y, rstd, h, dx, dw, None
 
 
-def run_gated(x, z, w, dy, nbg, det=True, eps=1e-6):
+def run_gated(x, z, w, dy, nbg, det=True, eps=1e-6, activation="silu"):
     """(y, rstd, dx, dgate, dw) of the gated norm through its explicit entry points."""
     import trainnorm
-    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, eps, norm_before_gate=nbg)
-    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=nbg, deterministic=det)
+    y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, eps, norm_before_gate=nbg, activation=activation)
+    dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, norm_before_gate=nbg, activation=activation,
+                                                   deterministic=det)
     return y, rstd, dx, dz, dw
 
 
-def check_gated(x, z, w, dy, nbg, det=True, eps=1e-6):
+def check_gated(x, z, w, dy, nbg, det=True, eps=1e-6, activation="silu"):
     """run_gated's outputs against FP64 (SPEC tolerances, dw within the budget); returns them."""
-    y, rstd, dx, dz, dw = out = run_gated(x, z, w, dy, nbg, det, eps)
-    y64, rstd64, _ = reference.forward_fp64(x, w, eps, None, z, nbg)
+    y, rstd, dx, dz, dw = out = run_gated(x, z, w, dy, nbg, det, eps, activation)
+    y64, rstd64, _ = reference.forward_fp64(x, w, eps, None, z, nbg, activation=activation)
     assert y.dtype == x.dtype and rstd.dtype == torch.float32
     assert_close64(y, y64, "y")
     assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
-    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, nbg)
+    dx64, dw64, dz64 = reference.backward_fp64(dy, x, w, rstd, None, z, nbg, activation=activation)
     assert dz.dtype == z.dtype and dz.shape == z.shape
     assert_close64(dx, dx64, "dx")
     assert_close64(dz, dz64, "dgate")
@@ -111,3 +112,24 @@ def check_gated(x, z, w, dy, nbg, det=True, eps=1e-6):
         err = reference.dw_err_over_tol(dw, dw64)
         assert err <= DW_BUDGET, f"dw err/tol {err:.4f}"
     return out
+
+
+# --- configs and plans as the tests ask for them ---------------------------------------------
+
+def fwd_config(hidden, dtype=torch.bfloat16, weight_dtype=None):
+    """The forward config the dispatcher looks up (outside any configs.override)."""
+    from trainnorm import configs
+    return configs.forward_config(configs.forward_key(hidden, dtype.itemsize,
+                                                      weight_dtype.itemsize if weight_dtype else None))
+
+
+def bwd_config(hidden, dtype=torch.bfloat16, gated=False):
+    from trainnorm import configs
+    return configs.backward_config(configs.backward_key(hidden, dtype.itemsize, gated))
+
+
+def bwd_plan(rows, hidden, dtype=torch.bfloat16, deterministic=True, need_dw=True, gated=False):
+    """The backward plan of a launch (inside configs.override, of the overridden config)."""
+    from trainnorm import plan
+    from trainnorm.variant import Variant
+    return plan.backward_plan(rows, hidden, dtype, Variant(gate="silu" if gated else None), deterministic, need_dw)

@@ -63,17 +63,20 @@ def test_opcheck(device):
     case = make_case("normal", (2, 3), 256, residual=True, seed=3, device=device)
     fwd, bwd = torch.ops.trainnorm.rms_norm_fwd.default, torch.ops.trainnorm.rms_norm_bwd.default
     z = case.dh
-    for args in [(case.x, case.weight, case.residual, None, 1e-6, True), (case.x, None, None, None, 1e-5, True),
-                 (case.x, case.weight, None, z, 1e-6, True), (case.x, case.weight, None, z, 1e-6, False)]:
+    # the variant string: "" (no gate), "silu" (gate after the norm), "silu:first", "sigmoid"
+    for args in [(case.x, case.weight, case.residual, None, 1e-6, ""), (case.x, None, None, None, 1e-5, ""),
+                 (case.x, case.weight, None, z, 1e-6, "silu"), (case.x, case.weight, None, z, 1e-6, "silu:first"),
+                 (case.x, case.weight, None, z, 1e-6, "sigmoid")]:
         torch.library.opcheck(fwd, args)
-    y, rstd, h = fwd(case.x, case.weight, case.residual, None, 1e-6, True)
+    y, rstd, h = fwd(case.x, case.weight, case.residual, None, 1e-6, "")
     ws = trainnorm.backward_workspace(6, 256, device=device)
-    for args in [(case.dy, h, case.weight, rstd, case.dh, None, True, True, True, None),
-                 (case.dy, h, case.weight, rstd, None, None, True, False, True, None),
-                 (case.dy, h, case.weight, rstd, None, None, True, True, True, ws),
-                 (case.dy, h, None, rstd, None, None, True, True, False, None),
-                 (case.dy, h, case.weight, rstd, None, z, True, True, True, None),
-                 (case.dy, h, case.weight, rstd, None, z, False, False, True, None)]:
+    for args in [(case.dy, h, case.weight, rstd, case.dh, None, "", True, True, None),
+                 (case.dy, h, case.weight, rstd, None, None, "", False, True, None),
+                 (case.dy, h, case.weight, rstd, None, None, "", True, True, ws),
+                 (case.dy, h, None, rstd, None, None, "", True, False, None),
+                 (case.dy, h, case.weight, rstd, None, z, "silu", True, True, None),
+                 (case.dy, h, case.weight, rstd, None, z, "silu:first", False, True, None),
+                 (case.dy, h, case.weight, rstd, None, z, "sigmoid:first", True, True, None)]:
         torch.library.opcheck(bwd, args)
 
 
@@ -115,9 +118,9 @@ def test_direct_op_call_with_grad_has_no_formula(device):
     # and its backward is a clear error rather than a silent wrong gradient
     case = make_case("normal", (3,), 64, seed=4, device=device)
     x = case.x.clone().requires_grad_()
-    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, case.weight, None, None, 1e-6, True)
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, case.weight, None, None, 1e-6, "")
     with torch.no_grad():
-        y0, rstd0, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, case.weight, None, None, 1e-6, True)
+        y0, rstd0, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, case.weight, None, None, 1e-6, "")
     assert y.requires_grad and not y0.requires_grad
     assert_bits_equal(y.detach(), y0, "y")
     with pytest.raises(RuntimeError, match="no autograd formula"):

@@ -3,10 +3,13 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch, reference
+from trainnorm import configs, dispatch, reference
+from trainnorm.configs import BwdConfig
+from trainnorm.plan import DwForm
+from trainnorm.rows import simulate_sm_count
 from trainnorm.families import make_case
 
-from helpers import assert_bits_equal, check_gated, run_gated
+from helpers import assert_bits_equal, bwd_config, bwd_plan, check_gated, fwd_config, run_gated
 
 EPS = 1e-6
 
@@ -62,7 +65,7 @@ def test_gated_batch_invariance_and_sm_counts(device):
     for a, b, n in zip(ref[:4], sub[:4], ("y", "rstd", "dx", "dgate")):
         assert_bits_equal(a[7:60], b, n)
     for sms in (1, 5, 300):
-        with dispatch.simulate_sm_count(sms):
+        with simulate_sm_count(sms):
             for a, b in zip(ref, run(x, z, w, dy, True)):
                 assert_bits_equal(a, b, f"{sms} SMs")
 
@@ -114,18 +117,19 @@ def test_gated_cpu_reference_path(monkeypatch):
         check(x, z, w, dy, nbg)
 
 
-def test_gated_table_entry_and_its_workspace(device, monkeypatch):
-    # a BWD_GATED entry (tune.py --gated) replaces the plain tile for the gated backward only; its
-    # chunking differs from the plain entry's, so the workspace is sized with gated=True
-    from trainnorm import configs
-    from trainnorm.configs import tuned
+def entries(**by_kind):
+    """A configs.override that answers the backward's lookups of H 64 by kind ("plain", "gated")."""
+    return configs.override(backward=lambda key, cfg: by_kind.get(key.kind) if key.hidden == 64 else None)
+
+
+def test_gated_table_entry_and_its_workspace(device):
+    # a gated table entry (trainnorm.dev.tune --gated) replaces the plain tile for the gated backward
+    # only; its chunking differs from the plain entry's, so the workspace is sized with gated=True
     hidden, rows = 64, 200
-    monkeypatch.setitem(tuned.BWD_GATED, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2,
-                                                           min_rows_per_chunk=2, max_chunks=64))
-    configs.backward_config.cache_clear()
-    try:
-        gated = dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, True)
-        plain = dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, False)
+    with entries(gated=BwdConfig.from_fields(block_m=2, block_n=64, num_warps=2, min_rows_per_chunk=2,
+                                             max_chunks=64)):
+        gated = bwd_plan(rows, hidden, torch.bfloat16, True, True, True)
+        plain = bwd_plan(rows, hidden, torch.bfloat16, True, True, False)
         assert (gated.cfg.block_m, gated.cfg.num_warps, gated.num_chunks) == (2, 2, 50)
         assert plain.num_chunks < gated.num_chunks
         assert trainnorm.backward_workspace_bytes(rows, hidden, gated=True) == gated.workspace_bytes
@@ -142,23 +146,16 @@ def test_gated_table_entry_and_its_workspace(device, monkeypatch):
         check(x, z, w, dy, True)
         with pytest.raises(TypeError, match="gated"):
             trainnorm.backward_workspace_bytes(rows, hidden, gated=1)
-    finally:
-        configs.backward_config.cache_clear()
 
 
-def test_gated_workspace_smaller_than_the_plain_one(device, monkeypatch):
+def test_gated_workspace_smaller_than_the_plain_one(device):
     # the gated backward's workspace is checked against the gated plan: a gated entry whose fast
     # mode is the atomic form needs H * 8 + 8 bytes where the plain entry's chunked form needs
     # far more; the gated size is accepted, and one byte less is refused before any launch
-    from trainnorm import configs
-    from trainnorm.configs import tuned
     hidden, rows = 64, 200
-    monkeypatch.setitem(tuned.BWD_GATED, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2,
-                                                           min_rows_per_chunk=2, max_chunks=64, atomic_min_rows=0))
-    monkeypatch.setitem(tuned.BWD, (hidden, 2), dict(block_m=2, block_n=64, num_warps=2, min_rows_per_chunk=2,
-                                                     max_chunks=64, atomic_min_rows=tuned.NEVER))
-    configs.backward_config.cache_clear()
-    try:
+    tile = dict(block_m=2, block_n=64, num_warps=2, min_rows_per_chunk=2, max_chunks=64)
+    with entries(gated=BwdConfig.from_fields(**tile, atomic_min_rows=0),
+                 plain=BwdConfig.from_fields(**tile, atomic_min_rows=1 << 40)):
         need = trainnorm.backward_workspace_bytes(rows, hidden, deterministic=False, gated=True)
         assert need == hidden * 8 + 8 < trainnorm.backward_workspace_bytes(rows, hidden, deterministic=False)
         x, z, w, dy = gated_case((rows,), hidden, seed=7, device=device)
@@ -169,28 +166,65 @@ def test_gated_workspace_smaller_than_the_plain_one(device, monkeypatch):
         assert_bits_equal(got[0], ref[0], "dx")
         with pytest.raises(ValueError, match=f"workspace must hold {need} bytes"):
             trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=False, workspace=ws[:need - 8])
-    finally:
-        configs.backward_config.cache_clear()
 
 
 @pytest.mark.parametrize("norm_before_gate", [True, False])
-def test_gated_cols_form(device, monkeypatch, norm_before_gate):
-    # the column-slice dw (DW_COLS) with a gate in either order: within the budget, dx and dgate
-    # bit-equal to the chunked form, dw the same in both modes
-    from dataclasses import replace
-
-    from trainnorm import configs
+def test_gated_cols_form(device, norm_before_gate):
+    # the column-slice dw (DwForm.COL_SLICES) with a gate in either order: within the budget, dx
+    # and dgate bit-equal to the chunked form, dw the same in both modes
     hidden, rows = 96, 37
-    base = replace(configs.backward_config(hidden, torch.bfloat16, True), block_m=4, min_rows_per_chunk=4,
-                   max_chunks=8, tma_stages=0, dw_2d=False)
+    base = bwd_config(hidden, torch.bfloat16, True).replace(block_m=4, min_rows_per_chunk=4, max_chunks=8,
+                                                            tma_stages=0, dw_2d=False)
     x, z, w, dy = gated_case((rows,), hidden, seed=21, device=device, family="outlier")
     outs = {}
-    for name, cfg in (("chunked", base), ("cols", replace(base, cols_max_rows=rows, cols_block_n=32))):
-        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
-        assert (dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True, True).dw_mode
-                == (dispatch.DW_COLS if name == "cols" else dispatch.DW_PARTIAL))
-        outs[name] = check(x, z, w, dy, norm_before_gate)
-        outs[name, False] = run(x, z, w, dy, norm_before_gate, det=False)
+    for name, cfg in (("chunked", base), ("cols", base.replace(slices_max_rows=rows, slice_block_n=32))):
+        with configs.override(backward=cfg):
+            assert (bwd_plan(rows, hidden, torch.bfloat16, True, True, True).dw
+                    == (DwForm.COL_SLICES if name == "cols" else DwForm.PARTIAL))
+            outs[name] = check(x, z, w, dy, norm_before_gate)
+            outs[name, False] = run(x, z, w, dy, norm_before_gate, det=False)
     for i, what in ((2, "dx"), (3, "dgate")):
         assert_bits_equal(outs["chunked"][i], outs["cols"][i], f"{what}: cols vs chunked")
     assert_bits_equal(outs["cols"][4], outs["cols", False][4], "cols dw in both modes")
+
+
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+@pytest.mark.parametrize("hidden,block_n", [(96, None), (96, 32)])
+def test_second_activation(device, use_configs, hidden, block_n, norm_before_gate):
+    # a sigmoid gate: one branch of kernels/gate.py and one entry of reference.GATE_ACTIVATIONS.
+    # Every backward form (one tile, column tiles, column slices) and both forward forms
+    # against FP64, both modes; the variant reaches the kernels (a silu gate gives other bits)
+    if block_n:
+        use_configs(forward=fwd_config(hidden).replace(block_n=block_n, tma_stages=0),
+                    backward=bwd_config(hidden, gated=True).replace(block_n=block_n))
+    x, z, w, dy = gated_case((37,), hidden, seed=31, device=device, family="outlier")
+    sig = check_gated(x, z, w, dy, norm_before_gate, True, EPS, "sigmoid")
+    fast = check_gated(x, z, w, dy, norm_before_gate, False, EPS, "sigmoid")
+    for a, b, n in zip(sig[:4], fast[:4], ("y", "rstd", "dx", "dgate")):
+        assert_bits_equal(a, b, n)
+    with configs.override(backward=lambda key, cfg: cfg.replace(slices_max_rows=64, slice_block_n=32)):
+        assert bwd_plan(37, hidden, gated=True).dw == DwForm.COL_SLICES
+        slices = check_gated(x, z, w, dy, norm_before_gate, True, EPS, "sigmoid")
+    for a, b, n in zip(sig[:4], slices[:4], ("y", "rstd", "dx", "dgate")):
+        assert_bits_equal(a, b, n)
+    silu = run(x, z, w, dy, norm_before_gate)
+    assert not torch.equal(silu[0], sig[0])
+    y = trainnorm.rms_norm_gated(x, z, w, EPS, norm_before_gate=norm_before_gate, activation="sigmoid")
+    assert_bits_equal(y, sig[0], "rms_norm_gated(activation='sigmoid') vs the explicit forward")
+
+
+def test_second_activation_module_and_cpu_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, z, w, dy = gated_case((5,), 64, seed=4, device="cpu")
+    norm = trainnorm.RMSNormGated(64, eps=EPS, activation="sigmoid", dtype=torch.bfloat16)
+    assert "activation='sigmoid'" in repr(norm)
+    xx = x.clone().requires_grad_()
+    y = norm(xx, z)
+    y64, _, _ = reference.forward_fp64(x, norm.weight.detach(), EPS, None, z, True, activation="sigmoid")
+    torch.testing.assert_close(y.double(), y64, atol=1e-2, rtol=1e-2)
+    y.float().sum().backward()
+    assert xx.grad is not None and torch.isfinite(xx.grad).all()
+    with pytest.raises(ValueError, match="activation"):
+        trainnorm.rms_norm_gated(x, z, w, activation="tanh")
+    with pytest.raises(ValueError, match="activation"):
+        trainnorm.RMSNormGated(64, activation="relu")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch
+from trainnorm.rows import simulate_sm_count
 from trainnorm.families import FAMILIES, make_case
 
 from helpers import assert_bits_equal, check_backward, check_forward
@@ -90,7 +90,7 @@ def test_repeat_and_sm_counts_bitwise(lead, hidden, kw):
         for a, b in zip(ref, run_both(case)):
             assert_bits_equal(a, b, "repeat")
     for sms in (1, 16, 66, 114, 132, 170, 264):
-        with dispatch.simulate_sm_count(sms):
+        with simulate_sm_count(sms):
             out = run_both(case)
         for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
             assert_bits_equal(a, b, f"{n} at {sms} SMs")

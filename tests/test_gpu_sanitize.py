@@ -10,16 +10,18 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch
+from trainnorm.plan import DwForm
+from trainnorm.rows import row_views
+
 from trainnorm.families import make_case
 
-from helpers import check_backward, check_forward, check_gated
+from helpers import bwd_plan, check_backward, check_forward, check_gated
 
 # the fast mode's atomic form wherever it applies, whatever the tuned edges (conftest.force_atomic)
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("force_atomic")]
 EPS = 1e-6
-MODE = {"none": dispatch.DW_NONE, "partial": dispatch.DW_PARTIAL, "atomic": dispatch.DW_ATOMIC,
-        "direct": dispatch.DW_DIRECT}
+MODE = {"none": DwForm.NONE, "partial": DwForm.PARTIAL, "atomic": DwForm.ATOMIC,
+        "direct": DwForm.DIRECT}
 
 
 def _run(case, deterministic, weight=True, workspace=None):
@@ -48,7 +50,7 @@ def test_forms(lead, hidden, deterministic, weight, residual, form):
     case = make_case("outlier", lead, hidden, residual=residual, seed=hidden, device="cuda",
                      weight_dtype=torch.float32 if hidden == 1000 else None)
     rows = case.x.numel() // hidden
-    assert dispatch.backward_plan(rows, hidden, torch.bfloat16, deterministic, weight).dw_mode == MODE[form]
+    assert bwd_plan(rows, hidden, torch.bfloat16, deterministic, weight).dw == MODE[form]
     _run(case, deterministic, weight)
 
 
@@ -65,7 +67,7 @@ def test_two_level_rows(deterministic):
     # q = proj.view(T, 32, 256)[:, :24]: strides (8192, 256, 1), two levels; dy transposed leading dims
     base = make_case("normal", (64, 32), 256, residual=True, seed=2, device="cuda")
     x = base.x[:, :24]
-    assert dispatch.row_views(x)[0] == 24
+    assert row_views(x)[0] == 24
     dy = base.dy[:, :24].transpose(0, 1).contiguous().transpose(0, 1)
     case = type(base)(x, base.weight, dy, base.residual[:, :24], base.dh[:, :24])
     _run(case, deterministic)
@@ -101,18 +103,14 @@ def test_empty_rows():
     ((40,), 8200, False, False),      # column tiles for dx, slices past the last full one
     ((16, 24), 256, False, True),     # two-level rows read in place
 ])
-def test_cols_form(monkeypatch, lead, hidden, residual, query):
-    # the column-slice dw (DW_COLS), forced on: plain and gated, both modes
-    from dataclasses import replace
-
+def test_cols_form(lead, hidden, residual, query):
+    # the column-slice dw (DwForm.COL_SLICES), forced on: plain and gated, both modes
     from trainnorm import configs
-    orig = configs.backward_config
-    monkeypatch.setattr(configs, "backward_config",
-                        lambda h, d, g=False: replace(orig(h, d, g), cols_max_rows=1 << 40, cols_block_n=128))
-    case = make_case("outlier", lead, hidden, residual=residual, query_view=query, seed=5, device="cuda")
-    rows = case.x.numel() // hidden
-    assert dispatch.backward_plan(rows, hidden, torch.bfloat16, True, True).dw_mode == dispatch.DW_COLS
-    for det in (True, False):
-        _run(case, det)
-    gate = torch.randn(case.x.shape, device="cuda").to(torch.bfloat16)
-    check_gated(case.x, gate, case.weight, case.dy, True)
+    with configs.override(backward=lambda key, cfg: cfg.replace(slices_max_rows=1 << 40, slice_block_n=128)):
+        case = make_case("outlier", lead, hidden, residual=residual, query_view=query, seed=5, device="cuda")
+        rows = case.x.numel() // hidden
+        assert bwd_plan(rows, hidden, torch.bfloat16, True, True).dw == DwForm.COL_SLICES
+        for det in (True, False):
+            _run(case, det)
+        gate = torch.randn(case.x.shape, device="cuda").to(torch.bfloat16)
+        check_gated(case.x, gate, case.weight, case.dy, True)

@@ -3,15 +3,19 @@
 On a machine without a GPU these run the real Triton kernels on CPU tensors
 through Triton's interpreter (conftest.py); on a GPU they run compiled.
 """
+import contextlib
+
 import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch, reference
-from trainnorm.configs import backward_config
+from trainnorm import configs, dispatch, plan, reference
 from trainnorm.families import FAMILIES, make_case
+from trainnorm.plan import FWD_COL_UNROLL_MAX, DwForm
+from trainnorm.rows import row_views, simulate_sm_count
 
-from helpers import assert_bits_equal, assert_close64, check_backward, check_forward
+from helpers import (assert_bits_equal, assert_close64, bwd_config, bwd_plan, check_backward, check_forward,
+                     fwd_config)
 
 EPS = 1e-6
 # H of the tuned families, odd widths, and widths past one tile (forward 16384, backward 8192)
@@ -58,9 +62,9 @@ def test_float32_dw_is_one_rounding(device, lead, hidden, residual, deterministi
 def test_families_both_modes(device, family, weight_dtype, deterministic, force_atomic):
     # 300 rows of H512: several dw chunks, so the partial + combine (det) or atomic (fast) form runs
     case = make_case(family, (300,), 512, weight_dtype=weight_dtype, seed=7, device=device)
-    plan = dispatch.backward_plan(300, 512, torch.bfloat16, deterministic, True)
+    plan = bwd_plan(300, 512, torch.bfloat16, deterministic, True)
     assert plan.num_chunks > 1
-    assert plan.dw_mode == (dispatch.DW_PARTIAL if deterministic else dispatch.DW_ATOMIC)
+    assert plan.dw == (DwForm.PARTIAL if deterministic else DwForm.ATOMIC)
     check_case(case, deterministic)
 
 
@@ -77,7 +81,7 @@ def test_residual(device, weight_dtype):
 @pytest.mark.parametrize("hidden", WIDE)
 def test_wide_rows_tile_loop(device, hidden):
     # rows wider than one register tile take the two-pass loop (and fp64 in-place partials)
-    assert backward_config(hidden, torch.bfloat16).col_tiles(hidden) > 1
+    assert bwd_config(hidden, torch.bfloat16).col_tiles(hidden) > 1
     for deterministic in (True, False):
         case = make_case("outlier", (19,), hidden, residual=True, seed=hidden, device=device)
         check_case(case, deterministic)
@@ -128,7 +132,7 @@ def test_query_view_read_in_place(device):
     case = make_case("outlier", (33, 24), 256, query_view=True, seed=6, device=device)
     assert case.x.stride() == (24 * 512, 512, 1)
     # rows of the query view sit 512 elements apart: one stride, read in place
-    nh, ((t, st, sh),) = dispatch.row_views(case.x)
+    nh, ((t, st, sh),) = row_views(case.x)
     assert t is case.x and (nh, st) == (1, 512), "the query view must not be copied"
     y, rstd, h, dx, dw = check_case(case)
     assert y.shape == (33, 24, 256) and rstd.shape == (33, 24)
@@ -165,10 +169,10 @@ def test_repeat_bitwise(device):
 @pytest.mark.parametrize("hidden,rows", [(2048, 200), (256, 700), (8200, 40)])
 def test_sm_count_independent(device, hidden, rows):
     case = make_case("normal", (rows,), hidden, seed=11, device=device)
-    with dispatch.simulate_sm_count(132):
+    with simulate_sm_count(132):
         ref = run_both(case)
     for sms in (1, 3, 7, 1000):
-        with dispatch.simulate_sm_count(sms):
+        with simulate_sm_count(sms):
             out = run_both(case)
         for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
             assert_bits_equal(a, b, f"{n} with {sms} SMs")
@@ -226,7 +230,7 @@ def test_fast_workspace_left_zeroed(device, force_atomic):
     # the one-launch fast form adds into a float64 accumulator that its last
     # program rounds into dw and zeroes again: reuse must not leak a call into the next
     case = make_case("outlier", (300,), 512, seed=15, device=device)
-    assert dispatch.backward_plan(300, 512, torch.bfloat16, False, True).dw_mode == dispatch.DW_ATOMIC
+    assert bwd_plan(300, 512, torch.bfloat16, False, True).dw == DwForm.ATOMIC
     ws = trainnorm.backward_workspace(300, 512, deterministic=False, device=device)
     assert ws.numel() == 512 * 8 + 8 and not ws.any()
     y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
@@ -239,22 +243,22 @@ def test_fast_workspace_left_zeroed(device, force_atomic):
 
 
 def test_fast_mode_form_windows():
-    # deterministic=False runs its atomic form only from the measured edge on (configs/tuned.py)
-    plan = lambda rows, h, det: dispatch.backward_plan(rows, h, torch.bfloat16, det, True).dw_mode
-    assert plan(16384, 5120, False) == dispatch.DW_PARTIAL
-    assert plan(65536, 5120, False) == dispatch.DW_ATOMIC
-    assert plan(65536, 5120, True) == dispatch.DW_PARTIAL
-    assert plan(65536, 6144, False) == dispatch.DW_PARTIAL       # measured slower with the TMA loads
-    assert plan(65536, 4096, False) == dispatch.DW_PARTIAL       # never measured faster at H 4096
-    assert plan(1, 4096, False) == plan(1, 4096, True) == dispatch.DW_DIRECT
-    assert plan(100, 8200, False) == dispatch.DW_PARTIAL          # wide rows: one form for both modes
+    # deterministic=False runs its atomic form only from the measured edge on (configs/sm_90.json)
+    form = lambda rows, h, det: bwd_plan(rows, h, torch.bfloat16, det, True).dw
+    assert form(16384, 5120, False) == DwForm.PARTIAL
+    assert form(65536, 5120, False) == DwForm.ATOMIC
+    assert form(65536, 5120, True) == DwForm.PARTIAL
+    assert form(65536, 6144, False) == DwForm.PARTIAL       # measured slower with the TMA loads
+    assert form(65536, 4096, False) == DwForm.PARTIAL       # never measured faster at H 4096
+    assert form(1, 4096, False) == form(1, 4096, True) == DwForm.DIRECT
+    assert form(100, 8200, False) == DwForm.PARTIAL          # wide rows: one form for both modes
 
 
 def record_descriptors(monkeypatch) -> list:
     """The arguments of every tensor descriptor the dispatcher makes from now on."""
     made = []
-    real = dispatch._row_descriptor
-    monkeypatch.setattr(dispatch, "_row_descriptor", lambda *a: made.append(a) or real(*a))
+    real = dispatch.row_descriptor
+    monkeypatch.setattr(dispatch, "row_descriptor", lambda *a: made.append(a) or real(*a))
     return made
 
 
@@ -267,27 +271,23 @@ def test_load_forms_same_bits(device, monkeypatch, gated, residual):
     # PREFETCH and the tensor-descriptor loads (TMA_STAGES) only change when and how the
     # row tiles are read: every output keeps its bits, including a chunk whose last tile
     # is partial (rows 0..40 in chunks of 12, tiles of 4)
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
-    base = replace(backward_config(hidden, torch.bfloat16, gated), block_m=4, min_rows_per_chunk=12, max_chunks=8)
+    base = bwd_config(hidden, torch.bfloat16, gated).replace(block_m=4, min_rows_per_chunk=12, max_chunks=8)
     case = make_case("outlier", (41,), hidden, residual=residual, seed=11, device=device)
     gate = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gated else None
     made = record_descriptors(monkeypatch)
     outs = {}
     for name, kw in LOAD_FORMS.items():
-        cfg = replace(base, **kw)
-        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
-        if gated:
-            y, rstd = trainnorm.rms_norm_gated_forward(case.x, gate, case.weight, EPS)
-            outs[name] = trainnorm.rms_norm_gated_backward(case.dy, case.x, gate, case.weight, rstd)
-        else:
-            y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
-            dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh)
-            outs[name] = (dx, dw)
-            check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
-    assert dispatch.backward_plan(41, hidden, torch.bfloat16, True, True, gated).num_chunks == 4
+        with configs.override(backward=base.replace(**kw)):
+            if gated:
+                y, rstd = trainnorm.rms_norm_gated_forward(case.x, gate, case.weight, EPS)
+                outs[name] = trainnorm.rms_norm_gated_backward(case.dy, case.x, gate, case.weight, rstd)
+            else:
+                y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+                dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh)
+                outs[name] = (dx, dw)
+                check_backward(case.dy, h, case.weight, rstd, case.dh, dx, dw)
+            assert bwd_plan(41, hidden, torch.bfloat16, True, True, gated).num_chunks == 4
     assert len(made) == 4         # tma2 and tma3 read dy and h through descriptors
     for name in LOAD_FORMS:
         for a, b in zip(outs["plain"], outs[name]):
@@ -296,9 +296,6 @@ def test_load_forms_same_bits(device, monkeypatch, gated, residual):
 
 def test_tma_needs_aligned_rows(device, monkeypatch):
     # rows whose stride is not a multiple of 16 bytes cannot be described: plain loads, same bits
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
     buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
     x, dy = buf[:, 1:], torch.randn(30, hidden, device=device).to(torch.bfloat16)
@@ -306,10 +303,9 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
     made = record_descriptors(monkeypatch)
     outs = []
     for stages in (0, 3):
-        cfg = replace(backward_config(hidden, torch.bfloat16), tma_stages=stages)
-        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
-        y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS)
-        outs.append(trainnorm.rms_norm_backward(dy, x, w, rstd))
+        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=stages)):
+            y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS)
+            outs.append(trainnorm.rms_norm_backward(dy, x, w, rstd))
     assert not made
     for a, b in zip(*outs):
         assert_bits_equal(a, b, "tma_stages on a misaligned view vs off")
@@ -323,19 +319,14 @@ def test_forward_load_forms_same_bits(device, monkeypatch, residual, gate):
     # The forward through tensor descriptors, its grid one program per SM on a simulated
     # 2-SM GPU so that each program walks several row tiles (41 rows in tiles of 4, the
     # last one partial): every output keeps the bits of the plain one-tile-per-program form
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
     case = make_case("outlier", (41,), hidden, residual=residual, seed=5, device=device)
     z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
-    base = replace(configs.forward_config(hidden, case.x.dtype, case.weight.dtype), block_m=4, ctas_per_sm=1)
+    base = fwd_config(hidden, case.x.dtype, case.weight.dtype).replace(block_m=4, ctas_per_sm=1)
     made = record_descriptors(monkeypatch)
     outs = {}
     for name, kw in FWD_FORMS.items():
-        cfg = replace(base, **kw)
-        monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None, cfg=cfg: cfg)
-        with dispatch.simulate_sm_count(2):
+        with configs.override(forward=base.replace(**kw)), simulate_sm_count(2):
             if gate:
                 outs[name] = trainnorm.rms_norm_gated_forward(case.x, z, case.weight, EPS,
                                                               norm_before_gate=gate == "after")
@@ -351,21 +342,18 @@ def test_forward_load_forms_same_bits(device, monkeypatch, residual, gate):
 def test_forward_tma_needs_aligned_rows(device, monkeypatch):
     # a view whose row stride is not a multiple of 16 bytes, and per-head rows (two-level
     # strides), are read with plain loads: same bits as a contiguous copy
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
     w = torch.randn(hidden, device=device).to(torch.bfloat16)
     buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
     # heads of 2H in rows of 3 heads plus 64 columns: strides (640, 192, 1), two levels
     heads = torch.randn(10, 3 * 2 * hidden + 64, device=device).to(torch.bfloat16)[:, :6 * hidden].unflatten(1, (3, 2 * hidden))
-    cfg = replace(configs.forward_config(hidden, torch.bfloat16, torch.bfloat16), tma_stages=3)
-    monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None: cfg)
+    cfg = fwd_config(hidden, torch.bfloat16, torch.bfloat16).replace(tma_stages=3)
     made = record_descriptors(monkeypatch)
     for x in (buf[:, 1:], heads[..., :hidden]):
-        got = trainnorm.rms_norm_forward(x, w, EPS)
-        assert not made
-        want = trainnorm.rms_norm_forward(x.contiguous(), w, EPS)
+        with configs.override(forward=cfg):
+            got = trainnorm.rms_norm_forward(x, w, EPS)
+            assert not made
+            want = trainnorm.rms_norm_forward(x.contiguous(), w, EPS)
         assert len(made) == 1
         made.clear()
         for a, b in zip(got, want):
@@ -373,56 +361,51 @@ def test_forward_tma_needs_aligned_rows(device, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["partial", "atomic", "direct"])
-def test_dw_2d(device, monkeypatch, form):
+def test_dw_2d(device, form):
     # a dw sum per tile position changes only the order of dw's float64 additions:
     # dx keeps its bits, dw stays within the budget and reproduces in deterministic mode
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
-    base = replace(backward_config(hidden, torch.bfloat16), block_m=4, min_rows_per_chunk=12,
-                   max_chunks=1 if form == "direct" else 8, atomic_min_rows=0 if form == "atomic" else 1 << 40)
+    base = bwd_config(hidden, torch.bfloat16).replace(
+        block_m=4, min_rows_per_chunk=12, max_chunks=1 if form == "direct" else 8,
+        atomic_min_rows=0 if form == "atomic" else 1 << 40)
     case = make_case("offset", (41,), hidden, seed=5, device=device)
     y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
     outs = []
     for d2 in (False, True, True):
-        cfg = replace(base, dw_2d=d2)
-        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
-        outs.append(trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=form != "atomic"))
-        check_backward(case.dy, h, case.weight, rstd, None, *outs[-1])
-    mode = dispatch.backward_plan(41, hidden, torch.bfloat16, form != "atomic", True).dw_mode
-    assert mode == {"partial": dispatch.DW_PARTIAL, "atomic": dispatch.DW_ATOMIC, "direct": dispatch.DW_DIRECT}[form]
+        with configs.override(backward=base.replace(dw_2d=d2)):
+            outs.append(trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=form != "atomic"))
+            check_backward(case.dy, h, case.weight, rstd, None, *outs[-1])
+            mode = bwd_plan(41, hidden, torch.bfloat16, form != "atomic", True).dw
+    assert mode == {"partial": DwForm.PARTIAL, "atomic": DwForm.ATOMIC, "direct": DwForm.DIRECT}[form]
     assert_bits_equal(outs[0][0], outs[1][0], "dx with dw_2d vs without")
     if form != "atomic":
         assert_bits_equal(outs[1][1], outs[2][1], "dw_2d repeat")
 
 
-def test_direct_window(device, monkeypatch):
+def test_direct_window(device):
     # rows up to direct_max_rows form one chunk: one launch, no workspace, the same form in both
     # modes; its own load fields apply to any one-chunk launch. dx keeps its bits (same tile);
     # dw is within the budget and reproduces; above the window the chunking is the usual one
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden = 96
-    base = replace(backward_config(hidden, torch.bfloat16), block_m=4, min_rows_per_chunk=4, max_chunks=8,
-                   atomic_min_rows=0)
-    win = replace(base, direct_max_rows=41, direct_tma_stages=2, direct_prefetch=False)
-    assert win.chunking(41) == (1, 44) and win.chunking(42) == base.chunking(42) == (6, 8)
-    assert win.loads(1) == (False, 2) and win.loads(8) == (base.prefetch, base.tma_stages)
-    assert replace(base, prefetch=True).loads(1) == (True, base.tma_stages)
+    base = bwd_config(hidden, torch.bfloat16).replace(block_m=4, min_rows_per_chunk=4, max_chunks=8,
+                                                      atomic_min_rows=0)
+    win = base.replace(direct_max_rows=41, direct_tma_stages=2, direct_prefetch=False)
+    assert plan.chunking(win, 41) == (1, 44) and plan.chunking(win, 42) == plan.chunking(base, 42) == (6, 8)
+    assert win.schedule.loads(True) == (False, 2)
+    assert win.schedule.loads(False) == (base.prefetch, base.tma_stages)
+    assert base.replace(prefetch=True).schedule.loads(True) == (True, base.tma_stages)
     case = make_case("outlier", (41,), hidden, seed=3, device=device)
     y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
     outs = {}
     for name, cfg in (("chunked", base), ("direct", win)):
-        monkeypatch.setattr(configs, "backward_config", lambda h, d, g=False, cfg=cfg: cfg)
-        for det in (True, False):
-            plan = dispatch.backward_plan(41, hidden, torch.bfloat16, det, True)
-            assert plan.dw_mode == ((dispatch.DW_PARTIAL if det else dispatch.DW_ATOMIC) if name == "chunked"
-                                    else dispatch.DW_DIRECT)
-            assert (plan.workspace_bytes == 0) == (name == "direct")
-            outs[name, det] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=det)
-            check_backward(case.dy, h, case.weight, rstd, None, *outs[name, det])
+        with configs.override(backward=cfg):
+            for det in (True, False):
+                p = bwd_plan(41, hidden, torch.bfloat16, det, True)
+                assert p.dw == ((DwForm.PARTIAL if det else DwForm.ATOMIC) if name == "chunked"
+                                else DwForm.DIRECT)
+                assert (p.workspace_bytes == 0) == (name == "direct")
+                outs[name, det] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=det)
+                check_backward(case.dy, h, case.weight, rstd, None, *outs[name, det])
     for det in (True, False):
         assert_bits_equal(outs["chunked", det][0], outs["direct", det][0], "dx direct vs chunked")
     assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")
@@ -438,62 +421,52 @@ COLS_CASES = {   # name: (lead, hidden, make_case kwargs, config overrides)
 
 
 @pytest.mark.parametrize("name", list(COLS_CASES))
-def test_cols_form(device, monkeypatch, name):
-    # small T: dw summed by column slices in the same launch (DW_COLS). dx keeps the chunked
-    # form's bits (same tile); dw is within the budget, the same in both modes, on every
+def test_cols_form(device, name):
+    # small T: dw summed by column slices in the same launch (DwForm.COL_SLICES). dx keeps the
+    # chunked form's bits (same tile); dw is within the budget, the same in both modes, on every
     # simulated SM count and for every slice width; no workspace is needed
-    from dataclasses import replace
-
-    from trainnorm import configs
     lead, hidden, kw, over = COLS_CASES[name]
     case = make_case("outlier", lead, hidden, seed=13, device=device, **kw)
     dtype = case.x.dtype
-    base = replace(backward_config(hidden, dtype), block_m=4, min_rows_per_chunk=4, max_chunks=8,
-                   tma_stages=0, dw_2d=False, **over)
+    base = bwd_config(hidden, dtype).replace(block_m=4, min_rows_per_chunk=4, max_chunks=8, tma_stages=0,
+                                             dw_2d=False, **over)
     rows = case.x.numel() // hidden
     y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
 
     def run(cfg, det=True, sms=None):
-        monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
-        if sms is None:
-            return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
-        with dispatch.simulate_sm_count(sms):
+        with configs.override(backward=cfg), (simulate_sm_count(sms) if sms else contextlib.nullcontext()):
             return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
 
     chunked = run(base)
     for bm, bn in ((16, 32), (8, 128), (4, 16)):
-        cfg = replace(base, cols_max_rows=rows, cols_block_m=bm, cols_block_n=bn)
-        monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
-        for det in (True, False):
-            plan = dispatch.backward_plan(rows, hidden, dtype, det, True)
-            assert plan.dw_mode == dispatch.DW_COLS and plan.workspace_bytes == 0 and plan.num_chunks > 1
+        cfg = base.replace(slices_max_rows=rows, slice_block_m=bm, slice_block_n=bn)
+        with configs.override(backward=cfg):
+            for det in (True, False):
+                p = bwd_plan(rows, hidden, dtype, det, True)
+                assert p.dw == DwForm.COL_SLICES and p.workspace_bytes == 0 and p.num_chunks > 1
         out = run(cfg)
         check_backward(case.dy, h, case.weight, rstd, case.dh, *out)
         assert_bits_equal(out[0], chunked[0], "dx: column-slice dw vs chunked")
         for det, sms in ((False, None), (True, 1), (True, 3), (False, 264)):
             assert_bits_equal(out[1], run(cfg, det, sms)[1], f"dw bm{bm} bn{bn} det={det} sms={sms}")
     # one row past the window: the chunked form again
-    cfg = replace(base, cols_max_rows=rows - 1)
-    monkeypatch.setattr(configs, "backward_config", lambda hh, d, g=False, cfg=cfg: cfg)
-    assert dispatch.backward_plan(rows, hidden, dtype, True, True).dw_mode == dispatch.DW_PARTIAL
+    with configs.override(backward=base.replace(slices_max_rows=rows - 1)):
+        assert bwd_plan(rows, hidden, dtype, True, True).dw == DwForm.PARTIAL
 
 
 
 @pytest.mark.parametrize("block_m,block_n", [(1, 128), (2, 256), (4, 64)])
 @pytest.mark.parametrize("residual,gate", [(False, None), (True, None), (False, "after"), (False, "first")])
-def test_forward_two_pass_forms(device, monkeypatch, block_m, block_n, residual, gate):
+def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual, gate):
     # H 1000 walked in 8 tiles of 128 (both walks unrolled), 4 of 256 (unrolled) and
     # 16 of 64 (past FWD_COL_UNROLL_MAX: rolled loops), one row with a float32 sum of
     # squares that overflows: each form against FP64, and a row's bits independent of the rows beside it
-    from dataclasses import replace
-
-    from trainnorm import configs
     hidden, rows = 1000, 23
-    cfg = replace(configs.forward_config(hidden, torch.bfloat16, torch.bfloat16), block_m=block_m,
-                  block_n=block_n, tma_stages=0)
+    cfg = fwd_config(hidden, torch.bfloat16, torch.bfloat16).replace(block_m=block_m, block_n=block_n,
+                                                                     tma_stages=0)
     tiles = cfg.col_tiles(hidden)
-    assert tiles > 1 and (tiles <= dispatch.FWD_COL_UNROLL_MAX) == (block_n > 64)
-    monkeypatch.setattr(configs, "forward_config", lambda h, d, wd=None: cfg)
+    assert tiles > 1 and (tiles <= FWD_COL_UNROLL_MAX) == (block_n > 64)
+    use_configs(forward=cfg)
     case = make_case("outlier", (rows,), hidden, residual=residual, seed=block_n, device=device)
     case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
     z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None

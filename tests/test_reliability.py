@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch, reference
+from trainnorm import reference
+from trainnorm.plan import DwForm
+from trainnorm.rows import runs_kernels
 
-from helpers import DW_BUDGET, assert_bits_equal, assert_close64, check_backward, check_forward
+from helpers import DW_BUDGET, bwd_plan, assert_bits_equal, assert_close64, check_backward, check_forward
 
 # the fast mode's atomic form wherever it applies, whatever the tuned edges (conftest.force_atomic)
 pytestmark = pytest.mark.usefixtures("force_atomic")
@@ -62,7 +64,7 @@ def test_nan_row_is_contained(device, deterministic, rows, hidden):
     for a, b, n in ((y, clean[0], "y"), (rstd, clean[1], "rstd"), (dx, clean[3], "dx")):
         assert_bits_equal(a[others], b[others], f"{n} of the clean rows")
     assert torch.isnan(dw).all(), "the NaN row reaches every column of dw"
-    if dispatch.backward_plan(rows, hidden, torch.bfloat16, deterministic, True).dw_mode == dispatch.DW_ATOMIC:
+    if bwd_plan(rows, hidden, torch.bfloat16, deterministic, True).dw == DwForm.ATOMIC:
         # the fast form's float64 accumulator is left zeroed, NaN or not
         ws = trainnorm.backward_workspace(rows, hidden, deterministic=False, device=device)
         trainnorm.rms_norm_backward(dy, bad, w, rstd, deterministic=False, workspace=ws)
@@ -212,7 +214,7 @@ def test_zero_rows_exact(device, dtype, eps):
     e = eps if eps is not None else torch.finfo(dtype).eps
     # the float32 formula on a zero row: 1 / sqrt(f32(0 / H + eps)) with IEEE sqrt and division
     want = 1.0 / torch.sqrt(torch.tensor(e, dtype=torch.float32))
-    if dispatch.runs_kernels(x):
+    if runs_kernels(x):
         assert torch.equal(rstd[[1, 3]].cpu(), want.expand(2)), f"{rstd[[1, 3]].tolist()} vs {want.item()}"
     else:   # the CPU path evaluates in float64 and rounds once
         torch.testing.assert_close(rstd[[1, 3]].cpu(), want.expand(2), atol=0, rtol=1e-6)
@@ -242,12 +244,12 @@ CANARY = 0xA5
 
 
 @pytest.mark.parametrize("deterministic,rows,hidden,mode", [
-    (True, 300, 512, dispatch.DW_PARTIAL),
-    (False, 300, 512, dispatch.DW_ATOMIC),
-    (True, 40, 8200, dispatch.DW_PARTIAL),
+    (True, 300, 512, DwForm.PARTIAL),
+    (False, 300, 512, DwForm.ATOMIC),
+    (True, 40, 8200, DwForm.PARTIAL),
 ])
 def test_workspace_canary(device, deterministic, rows, hidden, mode):
-    assert dispatch.backward_plan(rows, hidden, torch.bfloat16, deterministic, True).dw_mode == mode
+    assert bwd_plan(rows, hidden, torch.bfloat16, deterministic, True).dw == mode
     need = trainnorm.backward_workspace_bytes(rows, hidden, deterministic=deterministic)
     pad = 256
     big = torch.full((pad + need + pad,), CANARY, dtype=torch.uint8, device=device)
@@ -353,7 +355,7 @@ def test_two_streams_match_sequential(gpu_clean):
     a = make_case("outlier", (16384,), 4096, weight_dtype=torch.float32, seed=50, device="cuda")
     b = make_case("normal", (4096, 24), 256, query_view=True, seed=51, device="cuda")
     c = make_case("normal", (32768,), 512, seed=52, device="cuda")      # the fast mode's atomic form
-    assert dispatch.backward_plan(32768, 512, torch.bfloat16, False, True).dw_mode == dispatch.DW_ATOMIC
+    assert bwd_plan(32768, 512, torch.bfloat16, False, True).dw == DwForm.ATOMIC
     jobs = [(a, True), (b, True), (c, False)]
     wss = [trainnorm.backward_workspace(k.dy.numel() // k.dy.shape[-1], k.x.shape[-1], deterministic=d,
                                         device="cuda") for k, d in jobs]
@@ -385,7 +387,7 @@ def test_workspace_reused_many_calls(gpu_clean):
         y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
         ws_det = trainnorm.backward_workspace(rows, hidden, deterministic=True, device="cuda")
         ws_fast = trainnorm.backward_workspace(rows, hidden, deterministic=False, device="cuda")
-        atomic = dispatch.backward_plan(rows, hidden, torch.bfloat16, False, True).dw_mode == dispatch.DW_ATOMIC
+        atomic = bwd_plan(rows, hidden, torch.bfloat16, False, True).dw == DwForm.ATOMIC
         assert atomic == (hidden != 8200)          # wide rows: the partial form in both modes
         ref = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd)
         dw64 = reference.backward_fp64(case.dy, h, case.weight, rstd)[1]

@@ -2,6 +2,19 @@
 
 Deterministic by default (bitwise reproducible dw, independent of the GPU's SM
 count); deterministic=False for a faster dw with the same y, rstd, h and dx.
+
+One path for the data, each module importing only those below it:
+
+    functional.py, modules.py   validate the arguments; build the Variant (variant.py)
+    ops.py                      torch.library custom ops, fake implementations, autograd
+    dispatch.py                 allocate and launch (or the float64 reference on the CPU)
+    plan.py                     the kernel form, dw form and config for a shape and mode
+    configs/, rows.py           tiles, schedules and windows as data; row views, SM count
+    kernels/                    one Triton kernel per form, shared @triton.jit helpers
+    reference.py                every formula once (FP64, and the FP32 eager forms)
+
+`bench/`, `verify.py`, `demo.py` and `dev/` (tuning, soak, compile checks)
+sit above the API and use it as a user would, plus configs.override.
 """
 from .functional import (
     backward_workspace,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import RMSNorm, RMSNormGated, dispatch, rms_norm
+from . import RMSNorm, RMSNormGated, rms_norm, rows
 
 
 class Block(nn.Module):
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     if args.steps:
         cfg["steps"] = args.steps
     path = (torch.cuda.get_device_name() if cuda else
-            "CPU, Triton interpreter" if dispatch.interpreter_enabled() else "CPU reference path")
+            "CPU, Triton interpreter" if rows.interpreter_enabled() else "CPU reference path")
     print(f"trainnorm demo on {path}: a {cfg['layers']}-layer, d={cfg['dim']} language model, "
           f"{cfg['steps']} AdamW steps of {cfg['batch']}x{cfg['seq']} tokens, trained twice (deterministic=True)")
     t0 = time.perf_counter()

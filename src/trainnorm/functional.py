@@ -11,9 +11,11 @@ import numbers
 
 import torch
 
-from . import dispatch
+from . import plan
 from .configs import MAX_HIDDEN
 from .ops import RMSNormFunction
+from .rows import arch_of
+from .variant import Variant, check_activation
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DEVICE_TYPES = ("cuda", "cpu")
@@ -105,43 +107,49 @@ def _check_gate(gate, x):
     _check_like("gate", gate, x, "x")
 
 
-def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, deterministic=True):
-    """SiLU-gated RMSNorm, differentiable in x, gate and weight.
+def _gated_variant(weight, norm_before_gate, activation) -> Variant:
+    _check_flag("norm_before_gate", norm_before_gate)
+    return Variant(weight is not None, False, check_activation(activation), norm_before_gate)
 
-    norm_before_gate=True:  y = rms_norm(x) * weight * silu(gate)   (Qwen3-Next,
+
+def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu", deterministic=True):
+    """Gated RMSNorm, differentiable in x, gate and weight; a = the activation
+    ("silu", the default, or "sigmoid").
+
+    norm_before_gate=True:  y = rms_norm(x) * weight * a(gate)   (Qwen3-Next,
                                 flash-linear-attention's fused_norm_gate)
-    norm_before_gate=False: y = rms_norm(x * silu(gate)) * weight   (Mamba2)
+    norm_before_gate=False: y = rms_norm(x * a(gate)) * weight   (Mamba2)
     """
     _check_activation("x", x)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     eps = _check_eps(eps, x.dtype)
-    _check_flag("norm_before_gate", norm_before_gate)
+    variant = _gated_variant(weight, norm_before_gate, activation)
     _check_flag("deterministic", deterministic)
-    return RMSNormFunction.apply(x, weight, eps, None, deterministic, gate, norm_before_gate)
+    return RMSNormFunction.apply(x, weight, eps, None, deterministic, gate, variant)
 
 
-def rms_norm_gated_forward(x, gate, weight, eps=1e-6, *, norm_before_gate=True):
-    """Explicit gated forward: (y, rstd); rstd is that of x, or of x * silu(gate)
+def rms_norm_gated_forward(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu"):
+    """Explicit gated forward: (y, rstd); rstd is that of x, or of x * a(gate)
     when the gate comes first."""
     _check_activation("x", x)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     eps = _check_eps(eps, x.dtype)
-    _check_flag("norm_before_gate", norm_before_gate)
-    y, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(x, weight, None, gate, eps, norm_before_gate)
+    variant = _gated_variant(weight, norm_before_gate, activation)
+    y, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(x, weight, None, gate, eps, variant.spec)
     return y, rstd
 
 
-def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True, deterministic=True,
-                            workspace=None):
+def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True, activation="silu",
+                            deterministic=True, workspace=None):
     """Explicit gated backward: (dx, dgate, dw); dw is float32 [H], or None
     without a weight."""
     _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x", gated=True)
     _check_gate(gate, x)
-    _check_flag("norm_before_gate", norm_before_gate)
     weight = _check_weight(weight, x)
-    dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, norm_before_gate,
+    variant = _gated_variant(weight, norm_before_gate, activation)
+    dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, variant.spec,
                                                   deterministic, True, workspace)
     return dx, dz, (dw if weight is not None else None)
 
@@ -154,7 +162,7 @@ def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
     if residual is not None:
         _check_like("residual", residual, x, "x")
     eps = _check_eps(eps, x.dtype)
-    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, True)
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, "")
     return y, rstd, (h if residual is not None else x)
 
 
@@ -164,7 +172,7 @@ def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, works
     (see backward_workspace) nothing but the outputs is allocated."""
     _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
     weight = _check_weight(weight, h, "h")
-    dx, dw, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, True, deterministic, True, workspace)
+    dx, dw, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, "", deterministic, True, workspace)
     return dx, (dw if weight is not None else None)
 
 
@@ -193,7 +201,7 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
             raise ValueError("workspace must start at an 8-byte aligned address (it holds float64 "
                              "partials); a slice of backward_workspace() at an offset of 8k bytes is")
         need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype,
-                                        gated=gated)
+                                        gated=gated, device=h.device)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
                              f"H={h.shape[-1]}, got {workspace.numel()}")
@@ -215,7 +223,13 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
         raise TypeError(f"dtype must be one of {_dtype_names(ACTIVATION_DTYPES)}, got {dtype}")
     _check_flag("deterministic", deterministic)
     _check_flag("gated", gated)
-    return dispatch.backward_plan(int(rows), int(hidden), dtype, deterministic, True, gated).workspace_bytes
+    variant = Variant(gate="silu" if gated else None)
+    arch = arch_of(device) if device is not None else _default_arch()
+    return plan.backward_plan(int(rows), int(hidden), dtype, variant, deterministic, True, arch).workspace_bytes
+
+
+def _default_arch():
+    return arch_of(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
 
 
 def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,

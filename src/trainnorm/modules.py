@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .functional import rms_norm, rms_norm_gated
+from .variant import check_activation
 
 
 class RMSNorm(nn.Module):
@@ -49,18 +50,20 @@ class RMSNorm(nn.Module):
 class RMSNormGated(RMSNorm):
     """SiLU-gated RMSNorm with a `weight` parameter like RMSNorm.
 
-    ``forward(x, gate)``: rms_norm(x) * weight * silu(gate) with
-    norm_before_gate=True (the default), else rms_norm(x * silu(gate)) * weight.
+    ``forward(x, gate)``: rms_norm(x) * weight * a(gate) with
+    norm_before_gate=True (the default), else rms_norm(x * a(gate)) * weight;
+    a = silu (the default) or sigmoid (``activation="sigmoid"``).
     """
 
     def __init__(self, normalized_shape, eps=1e-6, norm_before_gate=True, elementwise_affine=True, device=None,
-                 dtype=None, *, deterministic=True):
+                 dtype=None, *, activation="silu", deterministic=True):
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype, deterministic=deterministic)
         self.norm_before_gate = norm_before_gate
+        self.activation = check_activation(activation)
 
     def forward(self, x, gate):
         return rms_norm_gated(x, gate, self.weight, self.eps, norm_before_gate=self.norm_before_gate,
-                              deterministic=self.deterministic)
+                              activation=self.activation, deterministic=self.deterministic)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", norm_before_gate={self.norm_before_gate}"
+        return super().extra_repr() + f", norm_before_gate={self.norm_before_gate}, activation={self.activation!r}"

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
+from .variant import Variant
 
 
 # Registered with torch.library's low-level API (define + impl + register_fake)
@@ -22,25 +23,29 @@ from . import dispatch
 # (no GPU): 222-273 us through custom_op, 138-142 us with these registrations
 # (the two ops alone: 135-161 vs 88-100 us; dispatch.py alone 35-40 us).
 _lib = torch.library.Library("trainnorm", "DEF")
+# `variant` is Variant.spec: the part of what is computed that the tensors do not say
+# (variant.py); a new kind of variant changes no schema.
 _lib.define("rms_norm_fwd(Tensor x, Tensor? weight, Tensor? residual, Tensor? gate, float eps, "
-            "bool norm_before_gate) -> (Tensor, Tensor, Tensor)")
+            "str variant) -> (Tensor, Tensor, Tensor)")
 _lib.define("rms_norm_bwd(Tensor dy, Tensor h, Tensor? weight, Tensor rstd, Tensor? dh, Tensor? gate, "
-            "bool norm_before_gate, bool deterministic, bool need_dw, Tensor(a!)? workspace) "
+            "str variant, bool deterministic, bool need_dw, Tensor(a!)? workspace) "
             "-> (Tensor, Tensor, Tensor)")
 
 
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], gate: Optional[Tensor],
-                 eps: float, norm_before_gate: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
     """(y, rstd, h); h is empty without a residual (the caller's x is h then)."""
-    return dispatch.forward(x, weight, residual, eps, gate, norm_before_gate)
+    v = Variant.from_spec(variant, weight=weight, residual=residual, gate=gate)
+    return dispatch.forward(x, weight, residual, gate, eps, v)
 
 
 def rms_norm_bwd(dy: Tensor, h: Tensor, weight: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor],
-                 gate: Optional[Tensor], norm_before_gate: bool, deterministic: bool, need_dw: bool,
+                 gate: Optional[Tensor], variant: str, deterministic: bool, need_dw: bool,
                  workspace: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dw, dgate); dw is float32 [H], or empty when need_dw is False or there
     is no weight; dgate is empty without a gate."""
-    return dispatch.backward(dy, h, weight, rstd, dh, deterministic, need_dw, workspace, gate, norm_before_gate)
+    v = Variant.from_spec(variant, weight=weight, residual=dh, gate=gate)
+    return dispatch.backward(dy, h, weight, rstd, dh, gate, v, deterministic, need_dw, workspace)
 
 
 _lib.impl("rms_norm_fwd", rms_norm_fwd, "CompositeExplicitAutograd")
@@ -81,7 +86,7 @@ _lib.impl("rms_norm_bwd", _autograd_kernel("rms_norm_bwd"), "Autograd")
 
 
 @torch.library.register_fake("trainnorm::rms_norm_fwd")
-def _(x, weight, residual, gate, eps, norm_before_gate):
+def _(x, weight, residual, gate, eps, variant):
     y = x.new_empty(x.shape)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
     h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
@@ -89,7 +94,7 @@ def _(x, weight, residual, gate, eps, norm_before_gate):
 
 
 @torch.library.register_fake("trainnorm::rms_norm_bwd")
-def _(dy, h, weight, rstd, dh, gate, norm_before_gate, deterministic, need_dw, workspace):
+def _(dy, h, weight, rstd, dh, gate, variant, deterministic, need_dw, workspace):
     dx = h.new_empty(h.shape)
     n = h.shape[-1] if (need_dw and weight is not None) else 0
     dz = gate.new_empty(gate.shape) if gate is not None else h.new_empty(0)
@@ -99,20 +104,26 @@ def _(dy, h, weight, rstd, dh, gate, norm_before_gate, deterministic, need_dw, w
 class RMSNormFunction(torch.autograd.Function):
     """y = rms_norm(x [+ residual]) * weight [gated]; returns y, or (y, h) with a residual.
 
-    apply(x, weight, eps, residual, deterministic[, gate, norm_before_gate]).
-    Gradients flow to x, weight, residual and gate; the residual's gradient is
-    the same tensor as x's. With a gate: y = rms_norm(h) * weight * silu(gate)
-    (norm_before_gate=True) or rms_norm(h * silu(gate)) * weight.
+    apply(x, weight, eps, residual, deterministic[, gate, variant]), variant a
+    Variant (variant.py) or its spec string ("" without a gate; default: a
+    SiLU gate after the norm when a gate is given). Gradients flow to x,
+    weight, residual and gate; the residual's gradient is the same tensor as
+    x's. With a gate: y = rms_norm(h) * weight * a(gate) (norm_before_gate) or
+    rms_norm(h * a(gate)) * weight.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, eps, residual, deterministic, gate=None, norm_before_gate=True):
-        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, gate, eps, norm_before_gate)
+    def forward(ctx, x, weight, eps, residual, deterministic, gate=None, variant=None):
+        if isinstance(variant, Variant):
+            variant = variant.spec
+        elif variant is None:
+            variant = "silu" if gate is not None else ""
+        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, gate, eps, variant)
         has_residual = residual is not None
         ctx.save_for_backward(h if has_residual else x, weight, rstd, gate)
         ctx.has_residual = has_residual
         ctx.deterministic = deterministic
-        ctx.norm_before_gate = norm_before_gate
+        ctx.variant = variant
         ctx.set_materialize_grads(False)
         return (y, h) if has_residual else y
 
@@ -122,7 +133,7 @@ class RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         if dy is None:
             dy = torch.zeros_like(h)
-        dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.norm_before_gate,
+        dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
                                                       ctx.deterministic, need_dw, None)
         needs = ctx.needs_input_grad
         dres = dx if ctx.has_residual and needs[3] else None

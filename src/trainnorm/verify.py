@@ -1,6 +1,6 @@
 """`trainnorm verify`: accuracy and determinism report for this machine.
 
-Accuracy: for each shape family, token count, input family (SPEC section 2),
+Accuracy: for each shape, token count, input family (SPEC section 2),
 seed and weight dtype, dw err/tol of both modes against FP64 at the kernel's
 own rstd, next to the FP32 eager reduction's; y and dx against FP64.
 Determinism (bitwise): repeated calls, simulated SM counts, deterministic vs
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import dispatch, reference
+from . import reference, rows
 from .families import FAMILIES, make_case
 
 EPS = 1e-6
@@ -93,7 +93,7 @@ def determinism(shape: Shape, tokens: int, device) -> dict:
     res["repeat"] = all(all(_bits_equal(a, b) for a, b in zip(ref, _run(case, True))) for _ in range(3))
     sm_ok = True
     for sms in (1, 7, 66, 132, 264):
-        with dispatch.simulate_sm_count(sms):
+        with rows.simulate_sm_count(sms):
             sm_ok &= all(_bits_equal(a, b) for a, b in zip(ref, _run(case, True)))
     res["sm_counts"] = sm_ok
     res["modes_equal"] = all(_bits_equal(a, b) for a, b in zip(ref[:4], _run(case, False)[:4]))
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         tokens = sorted(set(tokens))
     seeds = 1 if args.quick else args.seeds
     shapes = [s for s in SHAPES if not args.shapes or args.shapes in s.name]
-    path = "kernels (GPU)" if cuda else ("kernels (Triton interpreter)" if dispatch.interpreter_enabled()
+    path = "kernels (GPU)" if cuda else ("kernels (Triton interpreter)" if rows.interpreter_enabled()
                                          else "CPU reference path")
     header = (f"# trainnorm verify\n\n{torch.cuda.get_device_name() if cuda else platform.processor() or 'CPU'}, "
               f"{path}; torch {torch.__version__}, python {platform.python_version()}; "

@@ -1,25 +1,47 @@
-"""Kernel configurations: frozen dataclasses, an analytical default for every H,
-and measured overrides (configs/tuned.py) for the shape families that matter.
+"""Kernel configurations as data: what changes bits, apart from what only changes time.
+
+A config is three frozen parts:
+
+- the *tile* (`FwdTile`, `BwdTile`): rows and columns per tile, warps, the
+  backward's chunking and dw layout. It fixes the order of every reduction,
+  so it changes bits: a change of tile is a numerics change, re-verified with
+  `trainnorm verify` and the GPU suite;
+- the *windows* (`BwdWindows`): the row counts between the backward's forms
+  (one chunk; dw by column slices; the atomic form of deterministic=False).
+  Which form runs changes dw's bits as a function of the row count only;
+- the *schedule* (`FwdSchedule`, `BwdSchedule`): programs per SM, load forms
+  (prefetch, tensor descriptors and their stages). Timing only: the same
+  operations in the same order, never a different bit.
+
+Lookup is by `Key` (architecture, H, activation element size, variant kind).
+Measured entries live in one JSON table per architecture (`sm_90.json`,
+written by `trainnorm.dev.tune` through `table.save`), each with the
+measurements that chose it; every width the tables do not hold gets the
+analytical default below, whose rules carry their measurements too. An
+architecture without a table of its own uses sm_90's (the one measured), as do
+CPU tensors under Triton's interpreter, so the CPU tests run the H200's plans.
 
 Invariants the numerics rely on (tests check them):
-- the forward and backward tiles are a function of (H, activation dtype) only
-  (the forward's also of the weight's dtype),
-  never of the number of rows, the residual, the mode or the device: a row's
+- the forward and backward tiles are a function of the key only, never of
+  the number of rows, the residual, the mode or the device: a row's
   reductions (sum of squares, c) keep one order, so y, rstd, h and dx are
   batch-invariant and identical across modes;
-- the backward's row chunking is a function of (rows, H, dtype) only, never of
-  the SM count: dw's reduction tree is the same on every GPU.
+- the backward's row chunking is a function of (rows, key) only, never of
+  the SM count: dw's reduction tree is the same on every GPU of an
+  architecture.
+
+Tools and tests replace configs with `override(...)`, never by patching this
+module.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import contextlib
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-
-import torch
-
-from . import tuned
+from typing import Callable, NamedTuple, Union
 
 MAX_HIDDEN = 65536
+DEFAULT_ARCH = "sm_90"      # the architecture whose table serves those without one
 
 
 def next_pow2(n: int) -> int:
@@ -30,77 +52,155 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class Key(NamedTuple):
+    arch: str           # "sm_90": the table's architecture
+    hidden: int
+    elt: int            # activation element size in bytes (bf16 and fp16 share entries)
+    kind: str           # forward: "plain" | "weight_fp32"; backward: "plain" | "gated"
+
+
+# --- the parts ---------------------------------------------------------------------------
+
+class _Parts:
+    """Flat access to a config's parts: cfg.block_m, cfg.replace(block_m=2, tma_stages=3)."""
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("tile", "windows", "schedule"):
+            raise AttributeError(name)
+        for part in self._parts():
+            if name in part.__dataclass_fields__:
+                return getattr(part, name)
+        raise AttributeError(name)
+
+    def replace(self, **flat):
+        """A copy with the named fields of any part changed."""
+        parts = {}
+        left = dict(flat)
+        for f in fields(self):
+            part = getattr(self, f.name)
+            mine = {k: left.pop(k) for k in list(left) if k in part.__dataclass_fields__}
+            parts[f.name] = replace(part, **mine) if mine else part
+        if left:
+            raise TypeError(f"{type(self).__name__} has no fields {sorted(left)}")
+        return type(self)(**parts)
+
+    @classmethod
+    def from_fields(cls, **flat):
+        """A config from the flat fields of its parts (those not given take their defaults)."""
+        parts = {}
+        for f in fields(cls):
+            part_cls = f.type if isinstance(f.type, type) else _PART_TYPES[f.type]
+            mine = {k: flat.pop(k) for k in list(flat) if k in part_cls.__dataclass_fields__}
+            parts[f.name] = part_cls(**mine)
+        if flat:
+            raise TypeError(f"{cls.__name__} has no fields {sorted(flat)}")
+        return cls(**parts)
+
+    def fields(self) -> dict:
+        """The flat fields of every part."""
+        out = {}
+        for part in self._parts():
+            out.update({f.name: getattr(part, f.name) for f in fields(part)})
+        return out
+
+    def _parts(self):
+        return [getattr(self, f.name) for f in fields(self)]
+
+
 @dataclass(frozen=True)
-class FwdConfig:
+class FwdTile:
     block_m: int        # rows per tile
-    block_n: int        # columns per tile (power of two)
+    block_n: int        # columns per tile (power of two); narrower than H: rows walked in column tiles
     num_warps: int
+
+    def col_tiles(self, hidden: int) -> int:
+        return cdiv(hidden, self.block_n)
+
+
+@dataclass(frozen=True)
+class FwdSchedule:
     # rows that fit one tile: read x (and r) through tensor descriptors, the
     # tile loop pipelined this many tiles deep, ctas_per_sm programs per SM
     # (persistent); 0: plain loads, one program per tile. Applies where the
-    # layout allows it (dispatch.py); timing only, the bits do not change
+    # layout allows it (rows.descriptor_stages)
     tma_stages: int = 0
     ctas_per_sm: int = 2
+
+
+@dataclass(frozen=True)
+class FwdConfig(_Parts):
+    tile: FwdTile
+    schedule: FwdSchedule = FwdSchedule()
+
+    def col_tiles(self, hidden: int) -> int:
+        return self.tile.col_tiles(hidden)
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    block_m: int              # rows per tile
+    block_n: int              # columns per tile (power of two); narrower than H: rows walked in column tiles
+    num_warps: int
+    min_rows_per_chunk: int   # a dw chunk covers at least this many rows
+    max_chunks: int           # and there are at most this many chunks
+    # keep a float64 dw sum per tile position, added across the tile's rows once
+    # per chunk (kernels/backward.py, DW_2D): changes dw's addition order
+    dw_2d: bool = False
+    # the column-slice dw form's tile: slice_block_m rows at a time over
+    # slices of slice_block_n columns (kernels/backward.py, bwd_col_slices_kernel)
+    slice_block_m: int = 16
+    slice_block_n: int = 128
 
     def col_tiles(self, hidden: int) -> int:
         return cdiv(hidden, self.block_n)
 
 
 @dataclass(frozen=True)
-class BwdConfig:
-    block_m: int              # rows per tile
-    block_n: int              # columns per tile (power of two)
-    num_warps: int
-    min_rows_per_chunk: int   # a dw chunk covers at least this many rows
-    max_chunks: int           # and there are at most this many chunks
-    ctas_per_sm: int = 2      # persistent grid: programs per SM (speed only, never numerics)
+class BwdWindows:
+    # up to this many rows, all rows form one chunk: one program, dw stored
+    # directly (one launch and no workspace, in both modes)
+    direct_max_rows: int = 0
+    # rows past the one-chunk window up to this many: dw by column slices (one
+    # launch and no workspace, in both modes)
+    slices_max_rows: int = 0
     # deterministic=False takes the one-launch atomic form from this many rows
     # on (where it was measured faster); below, the deterministic form
     atomic_min_rows: int = 0
-    # issue the next row tile's loads before computing the current one (rows
-    # that fit one tile): timing only, the same operations in the same order
+
+
+@dataclass(frozen=True)
+class BwdSchedule:
+    ctas_per_sm: int = 2      # persistent grid: programs per SM
+    # issue the next row tile's loads before computing the current one (rows that fit one tile)
     prefetch: bool = False
     # read h and dy through tensor descriptors (bulk copies into shared memory),
     # the row loop pipelined this many tiles deep; 0: plain loads. Applies where
-    # the layout allows it (dispatch.py); timing only, the bits do not change
+    # the layout allows it (rows.descriptor_stages)
     tma_stages: int = 0
-    # keep a float64 dw sum per tile position, added across the tile's rows once
-    # per chunk (kernels/backward.py, DW_2D): changes dw's addition order
-    dw_2d: bool = False
-    # up to this many rows, all rows form one chunk: one program, dw stored
-    # directly (one launch and no workspace, in both modes). Changes dw's
-    # addition order there (a function of rows only); dx is untouched
-    direct_max_rows: int = 0
-    # row-tile loads of the one-chunk form (any rows that form one chunk):
-    # tma_stages / prefetch of their own, None: the fields above. Timing only
-    direct_tma_stages: int | None = None
+    # the one-chunk form's own loads; None: the fields above
     direct_prefetch: bool | None = None
-    # rows past the one-chunk window up to this many: dw summed by column slices of
-    # cols_block_n columns, cols_block_m rows at a time (kernels/backward.py, DW_COLS):
-    # one launch and no workspace, in both modes. A function of rows only; dx is untouched
-    cols_max_rows: int = 0
-    cols_block_m: int = 16
-    cols_block_n: int = 128
+    direct_tma_stages: int | None = None
 
-    def col_tiles(self, hidden: int) -> int:
-        return cdiv(hidden, self.block_n)
-
-    def loads(self, num_chunks: int) -> tuple[bool, int]:
-        """(prefetch, tma_stages) requested for a launch of num_chunks chunks."""
-        if num_chunks == 1:
+    def loads(self, one_chunk: bool) -> tuple[bool, int]:
+        """(prefetch, tma_stages) requested for a launch of one chunk or of several."""
+        if one_chunk:
             return (self.prefetch if self.direct_prefetch is None else self.direct_prefetch,
                     self.tma_stages if self.direct_tma_stages is None else self.direct_tma_stages)
         return self.prefetch, self.tma_stages
 
-    def chunking(self, rows: int) -> tuple[int, int]:
-        """(num_chunks, rows_per_chunk): a function of rows (and this config) only."""
-        if rows == 0:
-            return 0, 0
-        if rows <= self.direct_max_rows:
-            return 1, cdiv(rows, self.block_m) * self.block_m
-        rpc = max(self.min_rows_per_chunk, cdiv(rows, self.max_chunks))
-        rpc = cdiv(rpc, self.block_m) * self.block_m
-        return cdiv(rows, rpc), rpc
+
+@dataclass(frozen=True)
+class BwdConfig(_Parts):
+    tile: BwdTile
+    windows: BwdWindows = BwdWindows()
+    schedule: BwdSchedule = BwdSchedule()
+
+    def col_tiles(self, hidden: int) -> int:
+        return self.tile.col_tiles(hidden)
+
+
+_PART_TYPES = {"FwdTile": FwdTile, "FwdSchedule": FwdSchedule, "BwdTile": BwdTile, "BwdWindows": BwdWindows,
+               "BwdSchedule": BwdSchedule}
 
 
 @dataclass(frozen=True)
@@ -121,59 +221,128 @@ def combine_config(hidden: int) -> CombineConfig:
     return CombineConfig(block_p=max(32, min(256, 4096 // block_n)), block_n=block_n)
 
 
+# --- analytical defaults: any width ----------------------------------------------------------
+
 # Widest row held in registers as one tile; wider rows are walked in tiles.
 FWD_MAX_TILE = 16384
 BWD_MAX_TILE = 8192
 
 
-def _default_fwd(hidden: int, elt: int) -> FwdConfig:
+def default_forward(hidden: int, elt: int) -> FwdConfig:
     block_n = next_pow2(hidden)
     if block_n > FWD_MAX_TILE:
         block_n = 8192
     block_m = max(1, min(16, 4096 // block_n))
     num_warps = min(16, max(4, block_m * block_n // 512))
-    return FwdConfig(block_m, block_n, num_warps)
+    return FwdConfig(FwdTile(block_m, block_n, num_warps))
 
 
-def _default_bwd(hidden: int, elt: int) -> BwdConfig:
+def default_backward(hidden: int, elt: int) -> BwdConfig:
     block_n = next_pow2(hidden)
     if block_n > BWD_MAX_TILE:
         block_n = 4096
     block_m = max(1, min(16, 2048 // block_n))
     num_warps = min(16, max(4, block_m * block_n // 256))
     # unmeasured widths: the atomic form only on large problems (2**27 elements),
-    # where every measured width had it at least as fast (configs/tuned.py)
-    return BwdConfig(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256,
-                     atomic_min_rows=cdiv(1 << 27, hidden))
+    # where every measured width had it at least as fast (sm_90.json)
+    return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256),
+                     BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)))
 
 
-@lru_cache(maxsize=None)
-def forward_config(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None = None) -> FwdConfig:
-    """The forward tile of (H, activation dtype, weight dtype): never of the rows."""
-    elt = dtype.itemsize
-    entry = None
-    if weight_dtype is not None and weight_dtype.itemsize == 4 and elt < 4:
-        entry = tuned.FWD_W32.get((hidden, elt))
-    entry = entry or tuned.FWD.get((hidden, elt))
-    return FwdConfig(**entry) if entry else _default_fwd(hidden, elt)
+def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
+    """The gated backward of a width the table measured only without a gate.
+
+    The gated backward also holds z, a(z) and dz per element: with the plain
+    tiles ptxas (CUDA 13.4, via Triton 3.9) spills up to ~8 KB per thread (H512
+    bm16 w4; `trainnorm.dev.compile_check`). Twice the warps halve each
+    thread's share of the tile. On the H200 this rule left H 128 (the default
+    16 x 128 tile at 16 warps) at 17-18% of the copy floor and H 4096 at 51-61%
+    (docs/benchmarks/h200.md): `trainnorm.dev.tune --sweep-bwd --gated` measures
+    entries instead. The small-T windows were measured without a gate and do
+    not carry over."""
+    return BwdConfig(replace(cfg.tile, num_warps=min(16, 2 * cfg.tile.num_warps), slice_block_m=16,
+                             slice_block_n=128),
+                     BwdWindows(atomic_min_rows=cfg.windows.atomic_min_rows),
+                     replace(cfg.schedule, direct_prefetch=None, direct_tma_stages=None))
 
 
-@lru_cache(maxsize=None)
-def backward_config(hidden: int, dtype: torch.dtype, gated: bool = False) -> BwdConfig:
-    elt = dtype.itemsize
-    if gated and (hidden, elt) in tuned.BWD_GATED:
-        return BwdConfig(**tuned.BWD_GATED[(hidden, elt)])    # measured with the gate (tune.py --gated)
-    entry = tuned.BWD.get((hidden, elt))
-    cfg = BwdConfig(**entry) if entry else _default_bwd(hidden, elt)
-    if not gated and (hidden, elt) in tuned.BWD_DIRECT:
-        cfg = replace(cfg, **tuned.BWD_DIRECT[(hidden, elt)])   # the one-chunk window (tune.py --sweep-small)
-    if gated:
-        # Unmeasured gated widths: the gated backward also holds z, sigmoid(z)
-        # and dz per element: with the plain tiles ptxas (CUDA 13.4, via Triton
-        # 3.9) spills up to ~8 KB per thread (H512 bm16 w4;
-        # tools/compile_check.py). Twice the warps halve each thread's share of
-        # the tile. On the H200 this rule left H 128 (the default 16 x 128 tile
-        # at 16 warps) at 17-18% of the copy floor and H 4096 at 51-61%
-        # (docs/benchmarks/h200.md): tune.py --gated measures entries instead.
-        cfg = replace(cfg, num_warps=min(16, 2 * cfg.num_warps))
+# --- lookup ------------------------------------------------------------------------------------
+
+Override = Union[FwdConfig, BwdConfig, Callable[[Key, object], object]]
+_overrides: list[tuple[str, Override]] = []
+
+
+@contextlib.contextmanager
+def override(*, forward: Override | None = None, backward: Override | None = None):
+    """Within the block, forward / backward lookups return `forward` / `backward`:
+    a config (for every key), or a function (key, config) -> config that sees
+    what the lookup would have returned (None: keep it). Nested blocks apply
+    innermost last. For tools and tests; not thread-safe."""
+    added = [(op, o) for op, o in (("forward", forward), ("backward", backward)) if o is not None]
+    _overrides.extend(added)
+    try:
+        yield
+    finally:
+        for item in added:
+            _overrides.remove(item)
+
+
+def _apply(op: str, key: Key, cfg):
+    for o_op, o in _overrides:
+        if o_op == op:
+            new = o(key, cfg) if callable(o) else o
+            cfg = cfg if new is None else new
     return cfg
+
+
+def table_arch(arch: str | None) -> str:
+    from . import table
+    return arch if arch in table.archs() else DEFAULT_ARCH
+
+
+def forward_key(hidden: int, elt: int, weight_elt: int | None = None, arch: str | None = None) -> Key:
+    kind = "weight_fp32" if weight_elt == 4 and elt < 4 else "plain"
+    return Key(table_arch(arch), hidden, elt, kind)
+
+
+def backward_key(hidden: int, elt: int, gated: bool = False, arch: str | None = None) -> Key:
+    return Key(table_arch(arch), hidden, elt, "gated" if gated else "plain")
+
+
+@lru_cache(maxsize=None)
+def _forward(key: Key) -> FwdConfig:
+    from . import table
+    cfg = table.lookup("forward", key)
+    if cfg is None and key.kind != "plain":
+        cfg = table.lookup("forward", key._replace(kind="plain"))   # a float32 weight: the plain tile
+    return cfg or default_forward(key.hidden, key.elt)
+
+
+@lru_cache(maxsize=None)
+def _backward(key: Key) -> BwdConfig:
+    from . import table
+    cfg = table.lookup("backward", key)
+    if cfg is None:
+        plain = table.lookup("backward", key._replace(kind="plain")) or default_backward(key.hidden, key.elt)
+        cfg = gated_from_plain(plain) if key.kind == "gated" else plain
+    return cfg
+
+
+def forward_config(key: Key) -> FwdConfig:
+    """The forward's config for a key: never a function of the rows."""
+    cfg = _forward(key)
+    return _apply("forward", key, cfg) if _overrides else cfg
+
+
+def backward_config(key: Key) -> BwdConfig:
+    """The backward's config for a key: never a function of the rows."""
+    cfg = _backward(key)
+    return _apply("backward", key, cfg) if _overrides else cfg
+
+
+def clear_caches() -> None:
+    """Forget looked-up configs (after the tables' files change)."""
+    from . import table
+    table.clear()
+    _forward.cache_clear()
+    _backward.cache_clear()

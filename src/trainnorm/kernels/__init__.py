@@ -1,7 +1,9 @@
-"""Triton kernels. Launch them through trainnorm.dispatch, which picks the
-tile, the chunking and the dw mode; nothing here branches on shapes."""
-from .backward import rms_norm_bwd_kernel
+"""Triton kernels, one per form (see each module's docstring for the maths and
+the forms). Launch them through trainnorm.dispatch, which launches what
+trainnorm.plan chose; nothing here branches on shapes."""
+from .backward import bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_kernel
 from .combine import dw_combine_kernel
-from .forward import rms_norm_fwd_kernel
+from .forward import fwd_col_tiles_kernel, fwd_one_tile_kernel
 
-__all__ = ["rms_norm_fwd_kernel", "rms_norm_bwd_kernel", "dw_combine_kernel"]
+__all__ = ["fwd_one_tile_kernel", "fwd_col_tiles_kernel", "bwd_one_tile_kernel", "bwd_col_tiles_kernel",
+           "bwd_col_slices_kernel", "dw_combine_kernel"]

@@ -5,6 +5,10 @@ Rows are addressed through a two-level stride so that per-head views such as
 ``r`` lives at ``(r // NH) * stride_t + (r % NH) * stride_h``. Plain
 ``[..., H]`` inputs use ``NH = 1`` (``TWO_LEVEL=False``) and skip the division.
 Offsets are computed in int64 so tensors past 2**31 elements stay addressable.
+
+Optional tensors (weight, residual, gate, dh, ...) are passed to the kernels
+as None when absent: Triton specialises a None argument as a constant, so
+`if W is not None` is decided at compile time, like a constexpr flag.
 """
 import triton
 import triton.language as tl
@@ -20,12 +24,13 @@ def row_offsets(o_m, NH, stride_t, stride_h, TWO_LEVEL: tl.constexpr):
 
 
 @triton.jit
-def round_to(b, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
+def round_to(b, DTYPE: tl.constexpr):
     """Round float32 to DTYPE, to nearest even.
 
     The GPU's conversion does this natively. Triton's interpreter truncates
     float32 -> bfloat16, so there (INTERPRETED) the rounding is done on the
-    bits, and the CPU tests see the GPU's results."""
+    bits, and the CPU tests see the GPU's results. This and the float64 atomics
+    of kernels/backward.py are the only places that know of the interpreter."""
     if INTERPRETED and DTYPE == tl.bfloat16:
         u = b.to(tl.uint32, bitcast=True)
         u = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
@@ -35,28 +40,26 @@ def round_to(b, DTYPE: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def add_residual(b_x, b_r, H_OUT, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
-                 INTERPRETED: tl.constexpr):
-    """Return f32(h) for a tile of x (and r) as stored: h = x, or
-    h = round(f32(x) + f32(r)) into x's dtype, written to H_OUT (the returned
-    residual stream) with STORE_H."""
-    if HAS_RESIDUAL:
-        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), b_x.dtype, INTERPRETED)
+def add_residual(b_x, b_r, H_OUT, o_out, mask, STORE_H: tl.constexpr):
+    """Return f32(h) for a tile of x (and r, None without a residual) as stored:
+    h = x, or h = round(f32(x) + f32(r)) into x's dtype, written to H_OUT (the
+    returned residual stream) with STORE_H."""
+    if b_r is not None:
+        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), b_x.dtype)
         if STORE_H:
             tl.store(H_OUT + o_out, b_x, mask=mask)
     return b_x.to(tl.float32)
 
 
 @triton.jit
-def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, HAS_RESIDUAL: tl.constexpr, STORE_H: tl.constexpr,
-           INTERPRETED: tl.constexpr):
-    """add_residual of the tile of x (and r) at offsets o_x (o_r)."""
+def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, STORE_H: tl.constexpr):
+    """add_residual of the tile of x (and r, None without a residual) at offsets o_x (o_r)."""
     b_x = tl.load(X + o_x, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
+    if R is not None:
         b_r = tl.load(R + o_r, mask=mask, other=0.0)
     else:
-        b_r = b_x
-    return add_residual(b_x, b_r, H_OUT, o_out, mask, HAS_RESIDUAL, STORE_H, INTERPRETED)
+        b_r = None
+    return add_residual(b_x, b_r, H_OUT, o_out, mask, STORE_H)
 
 
 @triton.jit
@@ -97,8 +100,11 @@ def rstd_of_rows(b_u, n_cols, eps):
     return b_rstd
 
 
-@triton.jit
-def load_gate(Z, o_z, mask):
-    """(z, sigmoid(z)) in float32 for a tile of the gate."""
-    b_z = tl.load(Z + o_z, mask=mask, other=0.0).to(tl.float32)
-    return b_z, tl.sigmoid(b_z)
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+except ImportError:  # pragma: no cover - a Triton without the interpreter
+    _Interpreted = ()
+# Whether triton.jit built interpreter functions in this process (TRITON_INTERPRET
+# when Triton first compiled these modules): the same decision Triton made, so the
+# rounding shim applies exactly when the interpreter runs the kernels.
+INTERPRETED = tl.constexpr(isinstance(round_to, _Interpreted))

@@ -1,161 +1,176 @@
-"""RMSNorm forward: y, float32 rstd and (with a residual) h, in one kernel.
+"""RMSNorm forward: y, float32 rstd and (with a residual) h. Two forms, one kernel each.
 
-    h    = x                         or  round(f32(x) + f32(r))   (HAS_RESIDUAL)
+    h    = x                         or  round(f32(x) + f32(r))   (R given)
     rstd = 1 / sqrt(sum_j f32(h_j)^2 / H + eps)    (float32 sum; rows where it overflows are
                                                    summed again scaled down, see common.py)
-    y_j  = round(f32(h_j) * rstd * f32(w_j))                      (w_j = 1 without HAS_WEIGHT)
+    y_j  = round(f32(h_j) * rstd * f32(w_j))                      (w_j = 1 when W is None)
 
-With a gate z (HAS_GATE), s = silu(f32(z)):
-    y_j  = round(f32(h_j) * rstd * f32(w_j) * s_j)                (norm, then gate)
-or, with GATE_FIRST, u = f32(h) * s normalised in place of h:
+With a gate z (Z given; a = the activation GATE, kernels/gate.py):
+    y_j  = round(f32(h_j) * rstd * f32(w_j) * a(z_j))             (norm, then gate)
+or, with GATE_FIRST, u = f32(h) * a(z) normalised in place of h:
     rstd = 1 / sqrt(sum_j u_j^2 / H + eps),  y_j = round(u_j * rstd * f32(w_j))
 
-A row tile is BLOCK_M rows. A row is held in one tile of BLOCK_N columns
-when it fits (COL_TILES == 1); wider rows are walked in COL_TILES tiles twice
-(sum of squares, then normalise; the second walk re-reads x, and r, which the
-first left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of
-a row's tiles in one straight run their loads are in flight together, as in
-the one-tile form, but a row holds no padding columns (H 5120 as five tiles of
-1024 against one of 8192). The tile shape is a function of (H, dtype)
-only, so the reduction order of a row never depends on how many rows there
-are: y and rstd are batch-invariant.
+The forms (plan.py picks one from the row width and the tile):
 
-Rows that fit one tile: program pid takes row tiles pid, pid + grid, ...
-With EARLY_WEIGHT the weight is read once per program, before the first
-tile's rows arrive (its latency hidden behind theirs); without it, for each
-tile after the tile's sum of squares (no registers held for it while the
-rows are in flight). With
-TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and later) x
-(and r) are read through tensor descriptors (DESC_X, DESC_R: [rows, H] with
-a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared memory and
-the tile loop is software-pipelined TMA_STAGES deep, the grid a few programs
-per SM: several row tiles in flight per program without holding registers.
-Without it the grid has one program per tile. Every tile is computed the
-same way in both forms, whichever program takes it: the bits do not change.
+- `fwd_one_tile_kernel`: a row fits one tile of BLOCK_N columns. Program pid
+  takes row tiles pid, pid + grid, ... of BLOCK_M rows. With EARLY_WEIGHT the
+  weight is read once per program, before the first tile's rows arrive (its
+  latency hidden behind theirs); without it, for each tile after the tile's
+  sum of squares (no registers held for it while the rows are in flight).
+  With TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and
+  later) x (and r) are read through tensor descriptors (DESC_X, DESC_R: [rows,
+  H] with a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared
+  memory and the tile loop is software-pipelined TMA_STAGES deep, the grid a
+  few programs per SM: several row tiles in flight per program without
+  holding registers. Without it the grid has one program per tile. Every tile
+  is computed the same way in both load forms, whichever program takes it:
+  the bits do not change.
+- `fwd_col_tiles_kernel`: wider rows, walked in COL_TILES tiles twice (sum of
+  squares, then normalise; the second walk re-reads x, and r, which the first
+  left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of a
+  row's tiles in one straight run their loads are in flight together, as in
+  the one-tile form, but a row holds no padding columns (H 5120 as five tiles
+  of 1024 against one of 8192).
+
+The tile shape is a function of (H, dtype) only, so the reduction order of a
+row never depends on how many rows there are: y and rstd are batch-invariant.
 """
 import triton
 import triton.language as tl
 
-from .common import (SCALE_DOWN, add_residual, load_gate, load_h, round_to, row_offsets, rstd_from_sums,
-                     rstd_of_rows)
+from .common import SCALE_DOWN, add_residual, load_h, round_to, row_offsets, rstd_from_sums, rstd_of_rows
+from .gate import load_gate
 
 
 @triton.jit
 def _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, n_cols,
-                   TWO_LEVEL: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr):
+                   TWO_LEVEL: tl.constexpr):
     """Row starts of x, r and z as stored, and of the contiguous outputs, as [BLOCK_M, 1]."""
     o_x = row_offsets(o_m, NH, stride_xt, stride_xh, TWO_LEVEL)[:, None]
-    if HAS_RESIDUAL:
-        o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
-    else:
-        o_r = o_x
-    if HAS_GATE:
-        o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
-    else:
-        o_z = o_x
+    o_r = row_offsets(o_m, NH, stride_rt, stride_rh, TWO_LEVEL)[:, None]
+    o_z = row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None]
     o_out = (o_m.to(tl.int64) * n_cols)[:, None]
     return o_x, o_r, o_z, o_out
 
 
 @triton.jit
-def rms_norm_fwd_kernel(
+def _normalise(b_h, b_rstd, b_w, b_a, GATE_AFTER: tl.constexpr):
+    """f32(h) * rstd [* w] [* a(z) with the gate after the norm]; b_w None without a weight."""
+    b_y = b_h * b_rstd[:, None]
+    if b_w is not None:
+        b_y = b_y * b_w
+    if GATE_AFTER:
+        b_y = b_y * b_a
+    return b_y
+
+
+@triton.jit
+def fwd_one_tile_kernel(
     X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R,
     rows, n_cols, NH,
     stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh,
     eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    COL_TILES: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
-    HAS_GATE: tl.constexpr,
+    GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     EARLY_WEIGHT: tl.constexpr,
-    COL_UNROLL: tl.constexpr,
-    INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_mb = tl.arange(0, BLOCK_M)
     o_n = tl.arange(0, BLOCK_N)
-
-    if COL_TILES == 1:
-        m_n = o_n < n_cols
-        if HAS_WEIGHT and EARLY_WEIGHT:
-            b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-        else:
-            b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
-        for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
-            m0 = tile * BLOCK_M
-            o_m = m0 + o_mb
-            m_m = o_m < rows
-            mask = m_m[:, None] & m_n[None, :]
-            o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
-                                                  stride_zt, stride_zh, n_cols, TWO_LEVEL, HAS_RESIDUAL, HAS_GATE)
-            if TMA_STAGES is not None:
-                # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
-                # software pipeline); rows and columns past the tensor read as zero
-                r_x = DESC_X.load([m0, 0])
-                if HAS_RESIDUAL:
-                    r_r = DESC_R.load([m0, 0])
-                else:
-                    r_r = r_x
-                b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, HAS_RESIDUAL, True, INTERPRETED)
-            else:
-                b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :],
-                             mask, HAS_RESIDUAL, True, INTERPRETED)
-            if HAS_GATE:
-                b_z, b_sig = load_gate(Z, o_z + o_n[None, :], mask)
-                if GATE_FIRST:
-                    b_h = b_h * (b_z * b_sig)
-            b_rstd = rstd_of_rows(b_h, n_cols, eps)
-            b_y = b_h * b_rstd[:, None]
-            if HAS_WEIGHT:
-                if EARLY_WEIGHT:
-                    b_wt = b_w
-                else:
-                    b_wt = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
-                b_y = b_y * b_wt
-            if HAS_GATE and not GATE_FIRST:
-                b_y = b_y * (b_z * b_sig)
-            tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
-            tl.store(RSTD + o_m, b_rstd, mask=m_m)
+    m_n = o_n < n_cols
+    if W is not None and EARLY_WEIGHT:
+        b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
     else:
-        o_m = pid * BLOCK_M + o_mb
+        b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
+        m0 = tile * BLOCK_M
+        o_m = m0 + o_mb
         m_m = o_m < rows
+        mask = m_m[:, None] & m_n[None, :]
         o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
-                                              stride_zt, stride_zh, n_cols, TWO_LEVEL, HAS_RESIDUAL, HAS_GATE)
-        b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-            o_c = n0 + o_n
-            mask = m_m[:, None] & (o_c < n_cols)[None, :]
-            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
-                         mask, HAS_RESIDUAL, True, INTERPRETED)
-            if HAS_GATE and GATE_FIRST:
-                b_z, b_sig = load_gate(Z, o_z + o_c[None, :], mask)
-                b_h = b_h * (b_z * b_sig)
-            b_acc += b_h * b_h
-            b_s = b_h * SCALE_DOWN
-            b_acc_scaled += b_s * b_s
-        b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-            o_c = n0 + o_n
-            m_n = o_c < n_cols
-            mask = m_m[:, None] & m_n[None, :]
-            # h is recomputed from x (+ r) rather than re-read from H_OUT: no
-            # ordering between this program's own stores and loads is needed.
-            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
-                         mask, HAS_RESIDUAL, False, INTERPRETED)
-            if HAS_GATE:
-                b_z, b_sig = load_gate(Z, o_z + o_c[None, :], mask)
-                if GATE_FIRST:
-                    b_h = b_h * (b_z * b_sig)
-            b_y = b_h * b_rstd[:, None]
-            if HAS_WEIGHT:
-                b_y = b_y * tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
-            if HAS_GATE and not GATE_FIRST:
-                b_y = b_y * (b_z * b_sig)
-            tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty, INTERPRETED), mask=mask)
+                                              stride_zt, stride_zh, n_cols, TWO_LEVEL)
+        if TMA_STAGES is not None:
+            # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
+            # software pipeline); rows and columns past the tensor read as zero
+            r_x = DESC_X.load([m0, 0])
+            if R is not None:
+                r_r = DESC_R.load([m0, 0])
+            else:
+                r_r = None
+            b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, True)
+        else:
+            b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :], mask, True)
+        b_a = b_h
+        if GATE is not None:
+            b_a, _ = load_gate(Z, o_z + o_n[None, :], mask, GATE)
+            if GATE_FIRST:
+                b_h = b_h * b_a
+        b_rstd = rstd_of_rows(b_h, n_cols, eps)
+        if W is not None:
+            if EARLY_WEIGHT:
+                b_wt = b_w
+            else:
+                b_wt = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            b_wt = None
+        b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE is not None and not GATE_FIRST)
+        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
         tl.store(RSTD + o_m, b_rstd, mask=m_m)
+
+
+@triton.jit
+def fwd_col_tiles_kernel(
+    X, R, Z, W, Y, H_OUT, RSTD,
+    rows, n_cols, NH,
+    stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    COL_TILES: tl.constexpr,
+    COL_UNROLL: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    GATE: tl.constexpr,
+    GATE_FIRST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    o_n = tl.arange(0, BLOCK_N)
+    o_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_m = o_m < rows
+    o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
+                                          stride_zt, stride_zh, n_cols, TWO_LEVEL)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
+        o_c = n0 + o_n
+        mask = m_m[:, None] & (o_c < n_cols)[None, :]
+        b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, True)
+        if GATE is not None and GATE_FIRST:
+            b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
+            b_h = b_h * b_a
+        b_acc += b_h * b_h
+        b_s = b_h * SCALE_DOWN
+        b_acc_scaled += b_s * b_s
+    b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
+    for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
+        o_c = n0 + o_n
+        m_n = o_c < n_cols
+        mask = m_m[:, None] & m_n[None, :]
+        # h is recomputed from x (+ r) rather than re-read from H_OUT: no
+        # ordering between this program's own stores and loads is needed.
+        b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, False)
+        b_a = b_h
+        if GATE is not None:
+            b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
+            if GATE_FIRST:
+                b_h = b_h * b_a
+        if W is not None:
+            b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        else:
+            b_w = None
+        b_y = _normalise(b_h, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
+        tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + o_m, b_rstd, mask=m_m)

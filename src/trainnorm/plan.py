@@ -1,0 +1,154 @@
+"""Plans: which kernel form runs, with which config, for a shape, a variant and a mode.
+
+A plan is a function of (rows, H, dtypes, variant, mode, architecture) only:
+never of the device's SM count, the tensors' addresses or timing. What the
+layout of the actual tensors adds (tensor-descriptor loads where the rows
+allow them, the grid from the SM count) is decided at launch (dispatch.py)
+and changes no bit.
+
+The backward's dw forms, the one named set (kernels/backward.py implements them):
+
+    DwForm.NONE        no dw (no weight, or it needs no gradient)
+    DwForm.DIRECT      all rows form one chunk: one program sums them and stores dw
+                       (one launch, no workspace, both modes)
+    DwForm.COL_SLICES  dx by rows, then dw by column slices over all rows in the same
+                       launch (bwd_col_slices_kernel; no workspace, both modes)
+    DwForm.PARTIAL     each chunk's float64 partial to a workspace; a second launch
+                       (combine.py) sums the chunks in a fixed order
+    DwForm.ATOMIC      each program adds its float64 sum atomically into a zeroed
+                       accumulator, the last to arrive rounds it into dw
+                       (deterministic=False only: the order of additions varies)
+
+and the row-count windows between them (configs.BwdWindows):
+
+    rows <= direct_max_rows (and the row fits one tile)      -> DIRECT
+    rows <= slices_max_rows                                  -> COL_SLICES
+    deterministic=False, rows >= atomic_min_rows, one tile   -> ATOMIC
+    otherwise                                                -> PARTIAL
+
+Every form computes dx with the same tile, so dx is the same bits in every
+form and both modes; dw's bits are a function of (rows, H, variant, table).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+
+import torch
+
+from . import configs
+from .configs import BwdConfig, FwdConfig, cdiv
+from .variant import Variant
+
+
+class DwForm(str, Enum):
+    NONE = "none"
+    DIRECT = "direct"
+    COL_SLICES = "col_slices"
+    PARTIAL = "partial"
+    ATOMIC = "atomic"
+
+
+# --- forward ----------------------------------------------------------------------------
+
+# The plain forward reads the weight before the rows (kernels/forward.py, EARLY_WEIGHT)
+# where that holds at most 16 weight values a thread: on the H200 (trainnorm.dev.tune
+# --sweep-fwd) H 2048 bm1 w4 (16 a thread) read early was the best plain tile
+# (T1 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
+# trainnorm.dev.compile_check) took 535.9 us at T 65536 against 388.5 read late. The
+# descriptor form always reads it early: once per program, no row tile in registers.
+# Not with a gate: z, a(z) and the weight held together took the gated H 4096
+# bm2 w8 tile to 174-178 registers (trainnorm.dev.compile_check; 90-94 without the
+# gate), one 8-warp program per SM, and `trainnorm bench` to 765 us at T 65536 (50% of
+# the floor) where the weight read late had run 391 us (docs/benchmarks/h200.md).
+EARLY_WEIGHT_COLS_PER_WARP = 512
+# Rows walked in up to this many tiles have both walks unrolled (kernels/forward.py,
+# COL_UNROLL): the widths trainnorm.dev.tune --sweep-fwd times these two-pass forms at
+# (FWD_CHUNK_MAX_TILES). Wider rows keep rolled loops, an unmeasured choice.
+FWD_COL_UNROLL_MAX = 8
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    cfg: FwdConfig
+    col_tiles: int           # 1: fwd_one_tile_kernel; more: fwd_col_tiles_kernel
+    early_weight: bool       # the one-tile form with plain loads reads the weight first
+    col_unroll: int          # the column-tile form's unroll factor
+
+    @property
+    def one_tile(self) -> bool:
+        return self.col_tiles == 1
+
+
+@lru_cache(maxsize=4096)
+def _forward_plan(key: configs.Key, gated: bool, cfg: FwdConfig) -> ForwardPlan:
+    col_tiles = cfg.col_tiles(key.hidden)
+    early = not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps
+    return ForwardPlan(cfg, col_tiles, early, col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1)
+
+
+def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None, variant: Variant,
+                 arch: str | None = None) -> ForwardPlan:
+    key = configs.forward_key(hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, arch)
+    return _forward_plan(key, variant.gated, configs.forward_config(key))
+
+
+# --- backward ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    cfg: BwdConfig
+    hidden: int
+    col_tiles: int
+    num_chunks: int
+    rows_per_chunk: int
+    dw: DwForm
+
+    @property
+    def workspace_bytes(self) -> int:
+        if self.dw is DwForm.PARTIAL:
+            return self.num_chunks * self.hidden * 8        # float64 partials
+        if self.dw is DwForm.ATOMIC:
+            return self.hidden * 8 + 8                      # float64 accumulator + ticket counter
+        return 0
+
+    def loads(self) -> tuple[bool, int]:
+        """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile)."""
+        if self.col_tiles != 1:
+            return False, 0
+        return self.cfg.schedule.loads(self.num_chunks == 1)
+
+
+def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
+    """(num_chunks, rows_per_chunk): a function of rows and the config only."""
+    tile = cfg.tile
+    if rows == 0:
+        return 0, 0
+    if rows <= cfg.windows.direct_max_rows:
+        return 1, cdiv(rows, tile.block_m) * tile.block_m
+    rpc = max(tile.min_rows_per_chunk, cdiv(rows, tile.max_chunks))
+    rpc = cdiv(rpc, tile.block_m) * tile.block_m
+    return cdiv(rows, rpc), rpc
+
+
+def backward_plan(rows: int, hidden: int, dtype: torch.dtype, variant: Variant, deterministic: bool,
+                  need_dw: bool, arch: str | None = None) -> BackwardPlan:
+    """The backward's form: a function of (rows, H, dtype, variant, mode, architecture) only."""
+    cfg = configs.backward_config(configs.backward_key(hidden, dtype.itemsize, variant.gated, arch))
+    col_tiles = cfg.col_tiles(hidden)
+    num_chunks, rpc = chunking(cfg, rows)
+    win = cfg.windows
+    if not need_dw or rows == 0:
+        dw = DwForm.NONE
+    elif col_tiles == 1 and num_chunks == 1:
+        dw = DwForm.DIRECT
+    elif rows <= win.slices_max_rows:
+        dw = DwForm.COL_SLICES   # small T: dw by column slices in the same launch
+    elif col_tiles > 1:
+        dw = DwForm.PARTIAL      # wide rows accumulate each chunk's partial in place
+    elif deterministic or rows < win.atomic_min_rows:
+        dw = DwForm.PARTIAL      # deterministic=False too, where the atomic form is not faster
+    else:
+        dw = DwForm.ATOMIC
+    return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, dw)

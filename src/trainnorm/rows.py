@@ -1,0 +1,162 @@
+"""Rows as the kernels see them, and the device facts a launch needs.
+
+- Row views: any `[..., H]` tensor becomes rows with a two-level stride, so
+  per-head views such as `q[T, 24, 256]` with strides `(12288, 512, 1)` are
+  read in place: row r sits at `(r // NH) * stride_t + (r % NH) * stride_h`.
+  A last dim whose stride is not 1 is copied once (the only copy made).
+- Tensor descriptors: where a config asks for bulk-copy loads and the layout
+  allows them (one-level rows, 16-byte aligned base and row stride, sm_90+).
+- The SM count sizes the persistent grids, never the numerics; tests and
+  `trainnorm verify` simulate other counts with `simulate_sm_count`.
+- The architecture names the configuration table (configs.Key).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def runs_kernels(t: torch.Tensor) -> bool:
+    """CUDA tensors run the kernels; CPU tensors too under TRITON_INTERPRET=1."""
+    return t.is_cuda or (t.device.type == "cpu" and interpreter_enabled())
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# --- SM count ---------------------------------------------------------------------------------
+
+_sm_override: int | None = None
+_sm_cache: dict[int, int] = {}
+
+
+@contextlib.contextmanager
+def simulate_sm_count(n: int):
+    """Run the dispatcher as if the GPU had `n` multiprocessors (tests, verify)."""
+    global _sm_override
+    old, _sm_override = _sm_override, int(n)
+    try:
+        yield
+    finally:
+        _sm_override = old
+
+
+def sm_count(device: torch.device) -> int:
+    if _sm_override is not None:
+        return _sm_override
+    if device.type != "cuda":
+        return 4
+    idx = _index(device)
+    if idx not in _sm_cache:
+        _sm_cache[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _sm_cache[idx]
+
+
+_arch_cache: dict[int, str] = {}
+
+
+def arch_of(device) -> str | None:
+    """"sm_90" for a CUDA device of compute capability 9.0; None for the CPU
+    (configs then use their default architecture's table)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    idx = _index(device)
+    if idx not in _arch_cache:
+        major, minor = torch.cuda.get_device_capability(idx)
+        _arch_cache[idx] = f"sm_{major}{minor}"
+    return _arch_cache[idx]
+
+
+def device_guard(t: torch.Tensor):
+    """Triton launches on the current device: make it the tensor's."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+# --- row views --------------------------------------------------------------------------------
+
+def _row_view(t: torch.Tensor):
+    """(tensor, [(size, stride), ...]) with unit and mergeable leading dims collapsed.
+
+    A last dim whose stride is not 1 is copied once (the only copy this makes)."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    merged: list[tuple[int, int]] = []
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return t, merged
+
+
+def row_views(*tensors):
+    """Express every tensor's rows with one inner count NH.
+
+    Returns (NH, [(tensor, stride_t, stride_h), ...]); row r of a tensor sits at
+    (r // NH) * stride_t + (r % NH) * stride_h. A one-level view fits any NH; a
+    tensor whose two-level layout disagrees with the first one's is copied.
+    None stands for an absent tensor and gives (None, 0, 0)."""
+    views = [_row_view(t) if t is not None else None for t in tensors]
+    nh = 1
+    for v in views:
+        if v is not None and len(v[1]) == 2:
+            nh = v[1][1][0]
+            break
+    out = []
+    for v in views:
+        if v is None:
+            out.append((None, 0, 0))
+            continue
+        t, dims = v
+        if len(dims) > 2 or (len(dims) == 2 and dims[1][0] != nh):
+            t = t.contiguous()
+            dims = [(t.numel() // t.shape[-1], t.shape[-1])]
+        if len(dims) == 2:
+            out.append((t, dims[0][1], dims[1][1]))
+        else:
+            stride = dims[0][1] if dims else 0
+            out.append((t, stride * nh, stride))
+    return nh, out
+
+
+# --- tensor descriptors -----------------------------------------------------------------------
+
+def _tma_capable(device: torch.device) -> bool:
+    """Tensor descriptors need the bulk copy engine (sm_90 and later); Triton's
+    interpreter emulates them on the CPU."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(_index(device))[0] >= 9
+
+
+def descriptor_stages(stages: int, col_tiles: int, nh: int, *views) -> int:
+    """`stages` where the rows can be read through tensor descriptors (rows that fit
+    one tile, one level, base and row stride 16-byte aligned: the bulk copy's
+    rules), else 0. views: (tensor, row stride) pairs, None for an absent
+    tensor. The layout is only inspected when a config asks for them."""
+    if not stages or col_tiles != 1 or nh != 1:
+        return 0
+    for t, stride in views:
+        if t is None:
+            continue
+        e = t.element_size()
+        if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
+            return 0
+    return stages
+
+
+def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(t, [rows, hidden], [stride, 1], [block_m, block_n])

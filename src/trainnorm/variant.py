@@ -1,0 +1,79 @@
+"""What is computed: one frozen description that travels API -> ops -> plan -> kernels.
+
+A `Variant` names the parts of the formula (SPEC section 1) that change what a
+kernel computes, not how fast: a weight or none, a fused residual add, a gate
+with its activation and its order. The public functions build one from their
+arguments; the custom ops carry its non-tensor part as a short string
+(`Variant.spec`, part of the op's schema, so torch.compile and CUDA graphs see
+a plain argument); the plan keys configurations on it; and it turns into the
+kernels' constexprs (`Variant.constexprs`), each kernel taking only the ones
+its form uses.
+
+Whether a weight, residual or gate is present is read from the tensors (None
+or not) at every layer, so a Variant can never disagree with its inputs; the
+spec string holds only what the tensors do not say (the gate's activation and
+order). A new field (a (1 + w) weight offset, a residual dtype, LayerNorm's
+mean) goes here, into `spec`/`from_spec`, into `constexprs`, and into the
+kernels that read it.
+
+Gate activations: one name per function. The kernels' side is one branch of
+`kernels/gate.py:gate_activation` (the value and its derivative); the maths'
+side is one entry of `reference.GATE_ACTIVATIONS`. Those two are all a new
+activation needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .reference import GATE_ACTIVATIONS
+
+
+def check_activation(name) -> str:
+    if not isinstance(name, str) or name not in GATE_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(GATE_ACTIVATIONS)}, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Variant:
+    has_weight: bool = True
+    has_residual: bool = False
+    gate: str | None = None           # the gate's activation ("silu", ...), None without a gate
+    norm_before_gate: bool = True     # y = norm(h) * w * a(z); False: y = norm(h * a(z)) * w
+
+    @property
+    def gated(self) -> bool:
+        return self.gate is not None
+
+    @property
+    def kind(self) -> str:
+        """The configuration tables' name for this variant's backward: "gated" or "plain"."""
+        return "gated" if self.gated else "plain"
+
+    @property
+    def spec(self) -> str:
+        """The non-tensor part, as the custom ops carry it: "" without a gate,
+        else the activation, with ":first" when the gate comes before the norm."""
+        if self.gate is None:
+            return ""
+        return self.gate if self.norm_before_gate else self.gate + ":first"
+
+    @staticmethod
+    def from_spec(spec: str, *, weight, residual, gate) -> "Variant":
+        """The Variant of an op call: its spec string and which tensors are present."""
+        return _from_spec(spec, weight is not None, residual is not None, gate is not None)
+
+    def constexprs(self) -> dict:
+        """The kernels' constexprs for this variant (each kernel takes those it uses)."""
+        return dict(GATE=self.gate, GATE_FIRST=self.gated and not self.norm_before_gate)
+
+
+@lru_cache(maxsize=None)
+def _from_spec(spec: str, has_weight: bool, has_residual: bool, has_gate: bool) -> Variant:
+    act, _, order = spec.partition(":")
+    if has_gate != bool(act) or order not in ("", "first"):
+        raise ValueError(f"variant spec {spec!r} does not match the inputs (gate given: {has_gate})")
+    if act:
+        check_activation(act)
+    return Variant(has_weight, has_residual, act or None, order != "first")
