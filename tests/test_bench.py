@@ -47,19 +47,19 @@ def test_gated_rows_bytes_and_data():
     assert impls.Quack().skip_reason(d.row) and impls.Liger().skip_reason(d.row)
 
 
-def test_families():
+def test_series():
     seed = shapes.seed_rows()
     count = {}
     for r in seed:
-        count[r.family] = count.get(r.family, 0) + 1
+        count[r.series] = count.get(r.series, 0) + 1
     assert count == {
         "H512": 7, "H1536": 7, "H2048": 7, "H4096": 7, "H5120": 7, "H6144": 7,
         "H5120 w32": 7, "H6144 w32": 7, "H6144 res": 7, "H6144 res w32": 7,
         "[T,24,256]": 4, "[T,4,256]": 4,
     }
-    assert {r.tokens for r in seed if r.family == "H512"} == {256, 1024, 4096, 14928, 16384, 32768, 65536}
+    assert {r.tokens for r in seed if r.series == "H512"} == {256, 1024, 4096, 14928, 16384, 32768, 65536}
     assert {r.tokens for r in seed if r.per_head} == {1024, 4096, 16384, 65536}
-    small = {(r.family, r.tokens) for r in shapes.small_t_rows()}
+    small = {(r.series, r.tokens) for r in shapes.small_t_rows()}
     assert small == {(f, t) for f in ("H2048", "H4096", "H5120", "H6144", "H6144 res") for t in (1, 4, 16, 64)}
 
 

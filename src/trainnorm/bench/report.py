@@ -341,7 +341,7 @@ def render_markdown(result: BenchResult) -> str:
 
 def _row_json(row: Row, result: BenchResult) -> dict:
     d = asdict(row)
-    d.update(id=row.id, family=row.family, rows=row.rows, shape=list(row.shape),
+    d.update(id=row.id, series=row.series, rows=row.rows, shape=list(row.shape),
              bytes={op: shapes.op_bytes(row, op) for op in result.ops},
              floor_us={op: result.floor_us(row, op) for op in result.ops})
     return d
@@ -436,7 +436,7 @@ def merge(parts: list[BenchResult]) -> BenchResult:
 # --- plots ----------------------------------------------------------------------------------
 
 def plot(result: BenchResult, out_dir: str) -> tuple[list[str], str]:
-    """Latency vs T per family (log-log, floor dashed), one figure per op, and the
+    """Latency vs T per series (log-log, floor dashed), one figure per op, and the
     ratios vs the best peer per row. Returns (paths written, note)."""
     try:
         import matplotlib
@@ -446,14 +446,14 @@ def plot(result: BenchResult, out_dir: str) -> tuple[list[str], str]:
         return [], "matplotlib is not installed: no plots (pip install matplotlib)"
     cells = index(result.measurements)
     paths = []
-    fams = [f for f in shapes.family_order() if any(r.family == f for r in result.rows)]
+    fams = [f for f in shapes.series_order() if any(r.series == f for r in result.rows)]
     for op in result.ops:
         ncols = min(4, max(1, len(fams)))
         nrows = math.ceil(len(fams) / ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
         handles: dict[str, object] = {}
         for ax, fam in zip(axes.flat, fams):
-            rows = sorted((r for r in result.rows if r.family == fam), key=lambda r: r.tokens)
+            rows = sorted((r for r in result.rows if r.series == fam), key=lambda r: r.tokens)
             for name in result.impls:
                 pts = [(r.tokens, cells.get((r.id, op), {}).get(name)) for r in rows]
                 pts = [(t, m.median_us) for t, m in pts if m is not None and m.timed]

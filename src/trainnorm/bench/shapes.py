@@ -45,7 +45,7 @@ ACT_BYTES = 2          # BF16 activations: x, r, y, h, dy, dh, dx
 RSTD_BYTES = 4
 DW_BYTES = 4
 
-# A representative subset for --quick: every family kind, small and large T.
+# A representative subset for --quick: every kind of series, small and large T.
 QUICK_IDS = (
     "H512 T16384",
     "H2048 T1024",
@@ -82,7 +82,8 @@ class Row:
         return self.heads > 1
 
     @property
-    def family(self) -> str:
+    def series(self) -> str:
+        """The row's series, one line of the plots: 'H4096', 'H6144 res w32', '[T,24,256]'."""
         if self.per_head:
             return f"[T,{self.heads},{self.hidden}]" + (" gate" if self.gated else "")
         name = f"H{self.hidden}"
@@ -98,7 +99,7 @@ class Row:
     def id(self) -> str:
         """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024'."""
         if self.per_head:
-            return f"{self.family} T{self.tokens}"
+            return f"{self.series} T{self.tokens}"
         parts = [f"H{self.hidden}", f"T{self.tokens}"]
         if self.residual:
             parts.append("res")
@@ -133,21 +134,21 @@ class Row:
         return self.group == "seed"
 
 
-def _family_rows(hidden: int, tokens, **kw) -> list[Row]:
+def _series_rows(hidden: int, tokens, **kw) -> list[Row]:
     return [Row(hidden, t, **kw) for t in tokens]
 
 
 def seed_rows() -> list[Row]:
-    """The 78 shapes, family by family, T ascending."""
+    """The 78 shapes, series by series, T ascending."""
     rows: list[Row] = []
     for h in SEED_H:
-        rows += _family_rows(h, SEED_T)
+        rows += _series_rows(h, SEED_T)
     for h in W32_H:
-        rows += _family_rows(h, SEED_T, w32=True)
-    rows += _family_rows(6144, SEED_T, residual=True)
-    rows += _family_rows(6144, SEED_T, residual=True, w32=True)
-    rows += _family_rows(HEAD_DIM, PER_HEAD_T, heads=STRIDED_HEADS, strided=True)
-    rows += _family_rows(HEAD_DIM, PER_HEAD_T, heads=CONTIGUOUS_HEADS)
+        rows += _series_rows(h, SEED_T, w32=True)
+    rows += _series_rows(6144, SEED_T, residual=True)
+    rows += _series_rows(6144, SEED_T, residual=True, w32=True)
+    rows += _series_rows(HEAD_DIM, PER_HEAD_T, heads=STRIDED_HEADS, strided=True)
+    rows += _series_rows(HEAD_DIM, PER_HEAD_T, heads=CONTIGUOUS_HEADS)
     return rows
 
 
@@ -155,8 +156,8 @@ def small_t_rows() -> list[Row]:
     """T 1, 4, 16, 64 of H 2048, 4096, 5120, 6144 and residual H 6144 (20 rows)."""
     rows: list[Row] = []
     for h in SMALL_T_H:
-        rows += _family_rows(h, SMALL_T, small_t=True)
-    rows += _family_rows(6144, SMALL_T, residual=True, small_t=True)
+        rows += _series_rows(h, SMALL_T, small_t=True)
+    rows += _series_rows(6144, SMALL_T, residual=True, small_t=True)
     return rows
 
 
@@ -166,23 +167,23 @@ GATED_HEAD_T = (1024, 4096, 16384)
 
 def gated_rows() -> list[Row]:
     """The SiLU-gated norm: H 4096 and the per-head [T, 32, 128] (7 rows)."""
-    return (_family_rows(4096, GATED_T, gated=True)
-            + _family_rows(128, GATED_HEAD_T, heads=32, gated=True))
+    return (_series_rows(4096, GATED_T, gated=True)
+            + _series_rows(128, GATED_HEAD_T, heads=32, gated=True))
 
 
-def family_order() -> list[str]:
-    """Families in the order of the report and the plots."""
+def series_order() -> list[str]:
+    """The series in the order of the report and the plots."""
     out: list[str] = []
     for r in seed_rows() + small_t_rows() + gated_rows():
-        if r.family not in out:
-            out.append(r.family)
+        if r.series not in out:
+            out.append(r.series)
     return out
 
 
 def all_rows() -> list[Row]:
-    """The 78 shapes, the small-T and the gated rows, grouped by family, T ascending."""
-    order = {f: i for i, f in enumerate(family_order())}
-    return sorted(seed_rows() + small_t_rows() + gated_rows(), key=lambda r: (order[r.family], r.tokens))
+    """The 78 shapes, the small-T and the gated rows, series by series, T ascending."""
+    order = {f: i for i, f in enumerate(series_order())}
+    return sorted(seed_rows() + small_t_rows() + gated_rows(), key=lambda r: (order[r.series], r.tokens))
 
 
 def quick_rows() -> list[Row]:
