@@ -81,17 +81,21 @@ class ForwardPlan:
         return self.col_tiles == 1
 
 
-@lru_cache(maxsize=4096)
-def _forward_plan(key: configs.Key, gated: bool, cfg: FwdConfig) -> ForwardPlan:
-    col_tiles = cfg.col_tiles(key.hidden)
+def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
+    cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch))
+    col_tiles = cfg.col_tiles(hidden)
     early = not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps
     return ForwardPlan(cfg, col_tiles, early, col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1)
 
 
+# Plans are looked up on every call: cached, except inside configs.override(...)
+_forward_plan_cached = lru_cache(maxsize=4096)(_forward_plan)
+
+
 def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None, variant: Variant,
                  arch: str | None = None) -> ForwardPlan:
-    key = configs.forward_key(hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, arch)
-    return _forward_plan(key, variant.gated, configs.forward_config(key))
+    args = (hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, variant.gated, arch)
+    return _forward_plan(*args) if configs.overridden() else _forward_plan_cached(*args)
 
 
 # --- backward ---------------------------------------------------------------------------
@@ -135,7 +139,13 @@ def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
 def backward_plan(rows: int, hidden: int, dtype: torch.dtype, variant: Variant, deterministic: bool,
                   need_dw: bool, arch: str | None = None) -> BackwardPlan:
     """The backward's form: a function of (rows, H, dtype, variant, mode, architecture) only."""
-    cfg = configs.backward_config(configs.backward_key(hidden, dtype.itemsize, variant.gated, arch))
+    args = (rows, hidden, dtype.itemsize, variant.gated, deterministic, need_dw, arch)
+    return _backward_plan(*args) if configs.overridden() else _backward_plan_cached(*args)
+
+
+def _backward_plan(rows: int, hidden: int, elt: int, gated: bool, deterministic: bool, need_dw: bool,
+                   arch: str | None) -> BackwardPlan:
+    cfg = configs.backward_config(configs.backward_key(hidden, elt, gated, arch))
     col_tiles = cfg.col_tiles(hidden)
     num_chunks, rpc = chunking(cfg, rows)
     win = cfg.windows
@@ -152,3 +162,13 @@ def backward_plan(rows: int, hidden: int, dtype: torch.dtype, variant: Variant, 
     else:
         dw = DwForm.ATOMIC
     return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, dw)
+
+
+_backward_plan_cached = lru_cache(maxsize=4096)(_backward_plan)
+
+
+def clear_caches() -> None:
+    """Forget cached plans and the configs they were made from (after a table file changes)."""
+    configs.clear_caches()
+    _forward_plan_cached.cache_clear()
+    _backward_plan_cached.cache_clear()

@@ -64,13 +64,12 @@ class Key(NamedTuple):
 class _Parts:
     """Flat access to a config's parts: cfg.block_m, cfg.replace(block_m=2, tma_stages=3)."""
 
-    def __getattr__(self, name):
-        if name.startswith("_") or name in ("tile", "windows", "schedule"):
-            raise AttributeError(name)
+    def __post_init__(self):
+        # the parts' fields as plain attributes of the config: read on every launch, so
+        # looked up like any attribute (a __getattr__ walk cost ~50 us per forward + backward)
         for part in self._parts():
-            if name in part.__dataclass_fields__:
-                return getattr(part, name)
-        raise AttributeError(name)
+            for f in fields(part):
+                object.__setattr__(self, f.name, getattr(part, f.name))
 
     def replace(self, **flat):
         """A copy with the named fields of any part changed."""
@@ -256,7 +255,7 @@ def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
     tiles ptxas (CUDA 13.4, via Triton 3.9) spills up to ~8 KB per thread (H512
     bm16 w4; `trainnorm.dev.compile_check`). Twice the warps halve each
     thread's share of the tile. On the H200 this rule left H 128 (the default
-    16 x 128 tile at 16 warps) at 17-18% of the copy floor and H 4096 at 51-61%
+    16 x 128 tile at 16 warps) at 17-18% of the copy floor and H 4096 at 35-61%
     (docs/benchmarks/h200.md): `trainnorm.dev.tune --sweep-bwd --gated` measures
     entries instead. The small-T windows were measured without a gate and do
     not carry over."""
@@ -285,6 +284,11 @@ def override(*, forward: Override | None = None, backward: Override | None = Non
     finally:
         for item in added:
             _overrides.remove(item)
+
+
+def overridden() -> bool:
+    """Whether an override(...) block is active (plans are not cached then)."""
+    return bool(_overrides)
 
 
 def _apply(op: str, key: Key, cfg):
@@ -341,7 +345,8 @@ def backward_config(key: Key) -> BwdConfig:
 
 
 def clear_caches() -> None:
-    """Forget looked-up configs (after the tables' files change)."""
+    """Forget looked-up configs (after the tables' files change; plan.clear_caches() also
+    forgets the plans made from them)."""
     from . import table
     table.clear()
     _forward.cache_clear()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import fields
+from functools import lru_cache
 
 from . import BwdConfig, FwdConfig, Key
 
@@ -32,6 +33,7 @@ def path(arch: str) -> str:
     return os.path.join(HERE, f"{arch}.json")
 
 
+@lru_cache(maxsize=None)
 def archs() -> tuple[str, ...]:
     return tuple(sorted(f[:-5] for f in os.listdir(HERE) if f.startswith("sm_") and f.endswith(".json")))
 
@@ -46,6 +48,8 @@ def load(arch: str) -> dict:
 
 def clear() -> None:
     _tables.clear()
+    _indexes.clear()
+    archs.cache_clear()
 
 
 def _entry_key(e: dict) -> tuple:
