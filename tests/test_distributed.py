@@ -16,7 +16,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "multigpu.py"
 DW_BUDGET = 0.5
 
 
@@ -38,7 +37,7 @@ def _launch(out: Path, *extra: str, timeout: int = 300) -> dict:
     for attempt in range(2):                     # a second try only if the free port was taken meanwhile
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               str(SCRIPT), "--out", str(out), *extra]
+               "-m", "trainnorm.dev.multigpu", "--out", str(out), *extra]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         log = proc.stdout + proc.stderr
         port_taken = any(s in log.lower() for s in ("address already in use", "eaddrinuse"))

@@ -1,60 +1,83 @@
-"""tools/tune.py's table writer: a sweep rewrites its own table of configs/tuned.py and keeps the rest."""
-import importlib.util
-import os
-import sys
+"""trainnorm.dev.tune's table writer: a sweep writes its entries into a copy of the measured
+table (configs/sm_90.json) through configs.table and keeps every other entry and its notes."""
+import copy
+import json
 
-from trainnorm.configs import BwdConfig, tuned
+import pytest
 
-TOOLS = os.path.join(os.path.dirname(__file__), "..", "tools")
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from trainnorm import configs
+from trainnorm.configs import BwdConfig, FwdConfig
+from trainnorm.configs import table as tables
+from trainnorm.dev import tune
 
 
-def _tune():
-    sys.path.insert(0, TOOLS)
-    try:
-        return _load(os.path.join(TOOLS, "tune.py"), "tune_under_test")
-    finally:
-        sys.path.remove(TOOLS)
+def _sm90() -> dict:
+    with open(tables.path("sm_90")) as f:
+        return json.load(f)
 
 
-def test_write_tuned_replaces_one_table(tmp_path):
-    # a width no table has, so the other entries must come through untouched
-    tune = _tune()
-    assert (96, 2) not in tuned.BWD and (96, 2) not in tuned.BWD_GATED
-    cfg = BwdConfig(16, 128, 4, min_rows_per_chunk=16, max_chunks=264, ctas_per_sm=2, atomic_min_rows=tuned.NEVER)
-    chosen = {96: dict(cfg=cfg, note="bm16 w4 c2 max264: T1024 9.9 us", edge_note="det/atomic us: T1024 9.9/12.0")}
-    tune.write_tuned(chosen, str(tmp_path / "gated.py"), gated=True)
-    tune.write_tuned(chosen, str(tmp_path / "plain.py"), gated=False)
-    gated = _load(str(tmp_path / "gated.py"), "tuned_gated")
-    plain = _load(str(tmp_path / "plain.py"), "tuned_plain")
-    assert gated.BWD == tuned.BWD and gated.FWD == tuned.FWD
-    assert BwdConfig(**gated.BWD_GATED.pop((96, 2))) == cfg and gated.BWD_GATED == tuned.BWD_GATED
-    assert plain.BWD_GATED == tuned.BWD_GATED
-    assert BwdConfig(**plain.BWD.pop((96, 2))) == cfg and plain.BWD == tuned.BWD
-    assert "T1024 9.9 us" in (tmp_path / "gated.py").read_text()
+def _entries(table: dict) -> dict:
+    return {(op, e["hidden"], e["elt"], e["kind"]): e for op in ("forward", "backward") for e in table[op]}
 
 
-def test_tables_written_to_one_path_add_up(tmp_path):
-    # the forward, float32-weight and one-chunk sweeps each replace their own table of one file
-    tune = _tune()
-    out = str(tmp_path / "tuned.py")
-    tune.write_table(out, "FWD", "FWD: dict = {\n    (512, 2): dict(block_m=1, block_n=512, num_warps=4),\n}\n")
-    tune.write_table(out, "FWD_W32", "FWD_W32: dict = {\n}\n")
-    tune.write_table(out, "BWD_DIRECT", "BWD_DIRECT: dict = {\n    (4096, 2): dict(direct_max_rows=16),\n}\n")
-    got = _load(out, "tuned_summed")
-    assert got.FWD == {(512, 2): dict(block_m=1, block_n=512, num_warps=4)}
-    assert got.FWD_W32 == {} and got.BWD_DIRECT == {(4096, 2): dict(direct_max_rows=16)}
-    assert got.BWD == tuned.BWD and got.BWD_GATED == tuned.BWD_GATED
+def _reread(path) -> dict:
+    # what table.load does: the file parsed as JSON
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_written_entry_keeps_the_others(tmp_path):
+    original = _sm90()
+    table = copy.deepcopy(original)
+    # replace a measured entry, and add a width the table does not hold
+    cfg = BwdConfig.from_fields(block_m=2, block_n=4096, num_warps=8, min_rows_per_chunk=2, max_chunks=264,
+                                ctas_per_sm=4, tma_stages=4, atomic_min_rows=tune.NEVER)
+    tune.write_entry(table, "backward", 4096, "plain", cfg, ["bm2 w8 tma4 c4 max264: T1024 17.0 us"])
+    new = FwdConfig.from_fields(block_m=4, block_n=128, num_warps=4)
+    tune.write_entry(table, "forward", 96, "weight_fp32", new, ["bm4 w4: T1 4.0 us"])
+    out = tmp_path / "sm_90.json"
+    tables.save(table, str(out))
+    got = _reread(out)
+
+    assert {k: v for k, v in got.items() if k not in ("forward", "backward")} == \
+        {k: v for k, v in original.items() if k not in ("forward", "backward")}      # arch, method, ...
+    before, after = _entries(original), _entries(got)
+    changed = {("backward", 4096, 2, "plain"), ("forward", 96, 2, "weight_fp32")}
+    assert set(after) == set(before) | changed
+    for key, e in before.items():
+        if key not in changed:
+            assert after[key] == e, key              # fields and notes, as they were
+    assert tables.to_config("backward", after[("backward", 4096, 2, "plain")]) == cfg
+    assert after[("backward", 4096, 2, "plain")]["notes"] == ["bm2 w8 tma4 c4 max264: T1024 17.0 us"]
+    assert tables.to_config("forward", after[("forward", 96, 2, "weight_fp32")]) == new
+    # entries stay in the table's order (kind, elt, hidden)
+    for op in ("forward", "backward"):
+        order = [(e["kind"], e["elt"], e["hidden"]) for e in got[op]]
+        assert order == sorted(order)
+
+
+def test_table_entries_round_trip():
+    # every stored entry is what to_entry writes for its config: a sweep that rewrites an entry
+    # with the same config leaves the file unchanged
+    table = _sm90()
+    for op in ("forward", "backward"):
+        for e in table[op]:
+            cfg = tables.to_config(op, e)
+            assert tables.to_entry(op, e["hidden"], e["elt"], e["kind"], cfg, e["notes"]) == e
+    assert json.loads(tables.dumps(table)) == table
+
+
+def test_package_table_not_written_silently(tmp_path):
+    with pytest.raises(SystemExit):
+        tune.table_path_for(tables.HERE, None, "sm_90")
+    assert tune.table_path_for(tables.HERE, tables.path("sm_90"), "sm_90") == tables.path("sm_90")
+    assert tune.table_path_for(str(tmp_path), None, "sm_90") == str(tmp_path / "sm_90.json")
+    # a run starts from the file already at its path (earlier sweeps), else the package's table
+    assert tune.start_table(str(tmp_path / "sm_90.json"), "sm_90") == tables.load("sm_90")
+    assert tune.start_table(str(tmp_path / "sm_90.json"), "sm_99")["backward"] == []
 
 
 def test_choose_small_window():
-    tune = _tune()
     t = lambda table, **forms: {"table": table, **forms}
     # one chunk with tma3 pays up to T 16, then the chunked table wins
     res = {1: t(5.0, plain=4.8, tma3=4.9), 4: t(8.0, plain=6.0, tma3=5.5), 16: t(8.5, plain=7.5, tma3=7.0),
@@ -71,9 +94,9 @@ def test_choose_small_window():
            256: t(12.0, plain=80.0, cols16x64=12.1, cols16x128=12.5), 512: t(14.0, plain=160.0, cols16x64=18.0,
                                                                               cols16x128=19.0)}
     assert tune.choose_small(res)[:2] == ("plain", 4)
-    assert tune.choose_cols(res, 4)[:2] == ("cols16x64", 64)
-    assert tune.choose_cols(res, 512)[:2] == (None, 0)
-    # nowhere faster: no entry
+    assert tune.choose_slices(res, 4)[:2] == ("cols16x64", 64)
+    assert tune.choose_slices(res, 512)[:2] == (None, 0)
+    # nowhere faster: no window
     res = {1: t(5.0, plain=5.1), 4: t(8.0, plain=8.5)}
     assert tune.choose_small(res)[:2] == (None, 0)
     # only the single row's loads pay: no window, the loads apply to one-chunk launches
@@ -81,13 +104,18 @@ def test_choose_small_window():
     assert tune.choose_small(res)[:2] == ("plain", 0)
 
 
-def test_small_and_fwd_sweeps_end_to_end(tmp_path, monkeypatch, device):
-    # the sweeps' plumbing on tiny sizes with a stub timer (every candidate still runs once,
-    # through the kernels): each writes a loadable table whose entries the configs accept
-    import argparse
+def test_atomic_min_rows():
+    # (det us, atomic us, rows) per T: from the first count from which the atomic form is never slower
+    assert tune.atomic_min_rows({256: (9.0, 12.0, 0), 1024: (20.0, 19.0, 0), 4096: (50.0, 49.0, 0)}, 1) == 1024
+    assert tune.atomic_min_rows({1024: (20.0, 19.0, 0), 4096: (50.0, 49.0, 0)}, 24) == 0
+    assert tune.atomic_min_rows({1024: (20.0, 19.0, 0), 4096: (50.0, 51.0, 0)}, 24) == tune.NEVER
+    assert tune.atomic_min_rows({1024: (20.0, 21.0, 0), 4096: (50.0, 49.0, 0)}, 24) == 4096 * 24
 
-    from trainnorm import configs
-    tune = _tune()
+
+def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
+    # the sweeps' plumbing on tiny sizes with a stub timer (every candidate still runs once,
+    # through the kernels, inside its configs.override): each writes its entries into one table
+    # file, which keeps every other entry and reads back as configs the package accepts
     calls = []
 
     def fake_time(fns, flush, passes=3, samples=8):
@@ -99,31 +127,69 @@ def test_small_and_fwd_sweeps_end_to_end(tmp_path, monkeypatch, device):
         return out
 
     monkeypatch.setattr(tune, "time_fns", fake_time)
-    monkeypatch.setattr(tuned, "BWD_DIRECT", dict(tuned.BWD_DIRECT))    # the sweep empties it while it runs
     monkeypatch.setattr(tune, "SMALL_T", (1, 4))
     monkeypatch.setattr(tune, "FWD_T", (1, 4))
     monkeypatch.setattr(tune, "FWD_W32_WIDTHS", (64,))
-    args = argparse.Namespace(out=str(tmp_path), hidden="64")
-    try:
-        tune.main_small(args, device, None, lambda s: None)
-        tune.main_fwd(args, device, None, lambda s: None)
-    finally:
-        configs.forward_config.cache_clear()
-        configs.backward_config.cache_clear()
-    got = _load(str(tmp_path / "tuned.py"), "tuned_swept")
-    # the stub makes one chunk with plain loads fastest at both counts, and bm4 w2 the first forward candidate
-    assert got.BWD_DIRECT[(64, 2)] == dict(direct_max_rows=4, direct_prefetch=False, direct_tma_stages=0)
-    assert got.FWD[(64, 2)] == got.FWD_W32[(64, 2)] == dict(block_m=4, block_n=64, num_warps=2)
-    assert got.BWD == tuned.BWD
-    assert BwdConfig(**{**tuned.BWD.get((64, 2), configs._default_bwd(64, 2).__dict__), **got.BWD_DIRECT[(64, 2)]})
+    monkeypatch.setitem(tune.SWEEP_TILES, 64, [(16, 4)])
+    monkeypatch.setattr(tune, "SWEEP_T", (4,))
+    monkeypatch.setattr(tune, "SWEEP_LOADS", ((False, 0),))
+    monkeypatch.setattr(tune, "SWEEP_SCHED", [(2, 132), (4, 264)])
+    path = str(tmp_path / "sm_90.json")
+    original = _sm90()
+    run = tune.Run(table=tune.start_table(path, "sm_90"), table_path=path, out=str(tmp_path), device=device,
+                   log=lambda s: None)
+
+    tune.tune_bwd(run, [64])
+    tune.tune_small(run, [64])
+    small = copy.deepcopy(tune.find_entry(run.table, "backward", 64, "plain"))
+    tune.tune_bwd(run, [64])            # again: the small-T windows and their notes stay
+    tune.tune_fwd(run, [64])
+    got = _reread(path)
+    after = _entries(got)
+
+    # the backward sweep: the stub ties the first candidate of each group; the name breaks the tie
+    # (dw_2d off); the atomic form (2.0 against 1.0 us) never pays
+    bwd = tables.to_config("backward", after[("backward", 64, 2, "plain")])
+    assert bwd.tile == BwdConfig.from_fields(block_m=16, block_n=64, num_warps=4, min_rows_per_chunk=16,
+                                             max_chunks=132).tile
+    assert (bwd.ctas_per_sm, bwd.prefetch, bwd.tma_stages, bwd.atomic_min_rows) == (2, False, 0, tune.NEVER)
+    # then the small-T sweep: one chunk with plain loads fastest at both counts, no slice window past it
+    assert (bwd.direct_max_rows, bwd.direct_prefetch, bwd.direct_tma_stages, bwd.slices_max_rows) == (4, False, 0, 0)
+    assert after[("backward", 64, 2, "plain")]["windows"] == small["windows"]
+    notes = after[("backward", 64, 2, "plain")]["notes"]
+    assert notes[0].startswith("bm16 w4 c2 max132: T4 1.0 us") and notes[1].startswith("det/atomic us: T4 1.0/2.0")
+    assert notes[2].startswith("small-T windows, one-chunk loads and slice tile kept from the previous entry")
+    assert notes[3:] == [n for n in small["notes"] if n.startswith("table/")]
+    assert notes[3].startswith("table/one-chunk plain us: T1 10.00/2.00")
+    # the forward sweep: bm4 w2, the first candidate, for the plain and the float32-weight entry
+    first = FwdConfig.from_fields(block_m=4, block_n=64, num_warps=2)
+    for kind in ("plain", "weight_fp32"):
+        assert tables.to_config("forward", after[("forward", 64, 2, kind)]) == first
+        assert after[("forward", 64, 2, kind)]["notes"][0].startswith("bm4 w2: T1 1.00, T4 1.00 us")
+
+    # every other entry as it was, notes included
+    before = _entries(original)
+    assert set(after) - set(before) == {("backward", 64, 2, "plain"), ("forward", 64, 2, "plain"),
+                                        ("forward", 64, 2, "weight_fp32")}
+    assert all(after[k] == e for k, e in before.items())
+    assert got["method"] == original["method"]
+
+    # every candidate ran once per point
     fwd_cands = list(tune.fwd_sweep_candidates(64))
     assert any(c.tma_stages for c in fwd_cands)      # the descriptor forms ran too
-    assert calls.count("table") == 2 and len(calls) == (2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_COLS))
-                                                        + 2 * 2 * len(fwd_cands))
-    assert "cols16x128" in calls
-    # entries not swept keep their text, measurement comments included
-    text = (tmp_path / "tuned.py").read_text()
-    for name in ("FWD", "FWD_W32", "BWD_DIRECT"):
-        kept = tune._entry_texts(name)
-        assert kept and all(entry.lstrip().startswith("#") and entry in text for entry in kept.values())
-    assert tuned.FWD == tune.ORIGINAL_FWD and tuned.FWD_W32 == tune.ORIGINAL_FWD_W32
+    n_bwd = 2 * (2 * 2 + 2)    # twice: (dw_2d off, on) x the two schedules at T 4, then det / atomic
+    n_small = 2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_SLICES))
+    assert len(calls) == n_bwd + n_small + 2 * 2 * len(fwd_cands)
+    assert calls.count("table") == 2 and "cols16x128" in calls
+    assert (tmp_path / "sweep-bwd.json").exists() and (tmp_path / "sweep-fwd.json").exists()
+
+    # the written table serves the package: its entries run under configs.override
+    import torch
+
+    import trainnorm
+    x = torch.randn(3, 64, device=device, dtype=torch.bfloat16)
+    w = torch.ones(64, device=device, dtype=torch.bfloat16)
+    with configs.override(forward=tune.only(64, "plain", first), backward=tune.only(64, "plain", bwd)):
+        y, rstd, _ = trainnorm.rms_norm_forward(x, w)
+        dx, dw = trainnorm.rms_norm_backward(torch.ones_like(x), x, w, rstd)
+    assert torch.isfinite(dx.float()).all() and torch.isfinite(dw).all()

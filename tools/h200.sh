@@ -3,8 +3,9 @@
 #   test [args]    GPU test suite
 #   verify [args]  trainnorm verify
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
-#   tune [args]    tools/tune.py
-#   soak [args]    tools/soak.py (e.g. --cases 10000 --workers 8 --time-limit 480)
+#   tune [args]    python -m trainnorm.dev.tune (e.g. --sweep-bwd; the table lands in $OUT/tune/)
+#   soak [args]    python -m trainnorm.dev.soak (e.g. --cases 10000 --workers 8 --time-limit 480)
+#   compile [args] python -m trainnorm.dev.compile_check (registers and spills per kernel form)
 #   sanitize [tools]  tools/sanitize.sh (memcheck racecheck ...)
 # Each phase logs and writes under $OUT/<phase>/ and packs that into $OUT/<phase>.tgz
 # (the device returns at most 8 files).
@@ -17,8 +18,9 @@ case "$phase" in
   test)   timeout "${LIMIT:-480}" python3 -m pytest -q -x tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
-  tune)   timeout "${LIMIT:-480}" python3 tools/tune.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
-  soak)   timeout "${LIMIT:-540}" python3 tools/soak.py --out "$d" "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  tune)   timeout "${LIMIT:-480}" python3 -m trainnorm.dev.tune --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  soak)   timeout "${LIMIT:-540}" python3 -m trainnorm.dev.soak --out "$d" "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  compile) timeout "${LIMIT:-540}" python3 -m trainnorm.dev.compile_check "$@" 2>&1 | tee "$d/log" | tail -40 ;;
   sanitize) timeout "${LIMIT:-540}" bash tools/sanitize.sh "$d" "$@" 2>&1 | tee "$d/log" | tail -20 ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

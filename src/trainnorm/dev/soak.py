@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Soak test: random cases of every input class against the FP64 reference.
 
 Each case is drawn from its own seed (numpy and torch generators, no
@@ -18,14 +17,16 @@ deterministic=False) and checks:
   - deterministic=True: two calls give the same bits for every output;
   - modes: y, rstd, h, dx, dgate bitwise equal between the two modes.
 
-    python3 tools/soak.py --cases 10000 --workers 8 --time-limit 540 --out soak-out
-    python3 tools/soak.py --replay 4000000123           # one case, from its seed
-    TRITON_INTERPRET=1 python3 tools/soak.py --device cpu --cases 30
+    python -m trainnorm.dev.soak --cases 10000 --workers 8 --time-limit 540 --out soak-out
+    python -m trainnorm.dev.soak --replay 4000000123           # one case, from its seed
+    python -m trainnorm.dev.soak --device cpu --cases 30      # the kernels under Triton's interpreter
 
 A case's seed is  seed * 10**9 + index ; worker k of K takes the indices
 k, k + K, ...: workers draw disjoint cases. The JSON summary (--out) lists
 every failure with its case description and seed for --replay (with the same
---device).
+--device). The assertions are those of trainnorm.dev.checks. --device cpu
+needs Triton's interpreter from the first import of triton: the command
+restarts itself with TRITON_INTERPRET=1 when it is not set.
 """
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
 from collections import Counter
+
+from trainnorm.rows import interpreter_enabled
 
 TUNED = [256, 512, 1536, 2048, 4096, 5120, 6144]
 ODD = [1, 3, 7, 33, 127, 255, 257, 1000, 1023, 1025, 4095, 4097, 6143, 8191, 8193, 12289, 16385, 20000,
@@ -45,15 +49,10 @@ DTYPE_NAMES = ["bf16", "fp16", "fp32"]
 SEED_STRIDE = 10**9
 
 
-def _setup_env(device: str):
-    # Triton reads TRITON_INTERPRET when it is first imported
-    if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    for p in (os.path.join(root, "src"), os.path.join(root, "tests")):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+def _interpreter_missing(device: str) -> bool:
+    """--device cpu runs the kernels under Triton's interpreter, which must be on before
+    triton is first imported (the package imports it)."""
+    return device == "cpu" and not interpreter_enabled()
 
 
 # --- case description ------------------------------------------------------------------------
@@ -205,7 +204,7 @@ def make_tensors(c: dict):
 
 def run_case(c, tensors, deterministic):
     """(y, rstd, h, dx, dw, dgate) through the explicit entry points."""
-    from helpers import run_entry_points
+    from .checks import run_entry_points
     x, dy, other, dh, weight = tensors
     return run_entry_points(x, dy, other, dh, weight, c["eps"], c["extra"], deterministic)
 
@@ -216,7 +215,8 @@ OUT_NAMES = ("y", "rstd", "h", "dx", "dw", "dgate")
 def _rel_err(out, ref):
     """max |out - ref| / (1e-2 + 1e-2 |ref|), counting an overflow the math makes as exact."""
     import torch
-    from helpers import overflowed_with_ref
+
+    from .checks import overflowed_with_ref
     if out.numel() == 0:
         return 0.0
     ref = ref.double()
@@ -227,8 +227,10 @@ def _rel_err(out, ref):
 def check_case(c, tensors, det, det2, fast):
     """A list of failure messages (empty: the case passed) and the case's metrics."""
     import torch
-    from helpers import DW_BUDGET, assert_bits_equal, assert_close64
+
     from trainnorm import reference
+
+    from .checks import DW_BUDGET, assert_bits_equal, assert_close64
 
     x, dy, other, dh, weight = tensors
     dtype = _dtype(c["dtype"])
@@ -318,7 +320,9 @@ def check_case(c, tensors, det, det2, fast):
 
 
 def features(c, tensors) -> list[str]:
-    from trainnorm import dispatch
+    from trainnorm import plan
+    from trainnorm.rows import row_views
+    from trainnorm.variant import Variant
     x = tensors[0]
     rows = x.numel() // c["hidden"] if c["hidden"] else 0
     h = c["hidden"]
@@ -331,12 +335,13 @@ def features(c, tensors) -> list[str]:
     if c["big"]:
         feats.append("big")
     if rows:
-        gated = c["extra"].startswith("gate")
-        names = {0: "none", 1: "partial", 2: "atomic", 3: "direct"}
+        extra = c["extra"]
+        variant = Variant(has_weight=c["weight"] != "none", has_residual=extra == "residual",
+                          gate="silu" if extra.startswith("gate") else None, norm_before_gate=extra != "gate_first")
         for det in (True, False):
-            p = dispatch.backward_plan(rows, h, _dtype(c["dtype"]), det, c["weight"] != "none", gated)
-            feats.append(f"dw {'det' if det else 'fast'}={names[p.dw_mode]}")
-        nh, _ = dispatch.row_views(x)
+            p = plan.backward_plan(rows, h, _dtype(c["dtype"]), variant, det, c["weight"] != "none")
+            feats.append(f"dw {'det' if det else 'fast'}={p.dw.value}")
+        nh, _ = row_views(x)
         if nh > 1:
             feats.append("two-level rows")
     return feats
@@ -371,7 +376,6 @@ def one_case(case_seed: int, device: str):
 # --- workers ---------------------------------------------------------------------------------
 
 def worker(wid: int, nworkers: int, args, deadline: float, queue=None, current=None) -> dict:
-    _setup_env(args.device)
     import torch
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True   # unwritten outputs read as NaN
@@ -420,7 +424,6 @@ def _worker_entry(wid, nworkers, args, deadline, queue, current):
 
 
 def replay(args) -> int:
-    _setup_env(args.device)
     import torch
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
@@ -475,7 +478,9 @@ def print_table(s):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m trainnorm.dev.soak", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="worker processes on the same device")
@@ -490,6 +495,9 @@ def main(argv=None) -> int:
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if _interpreter_missing(args.device):
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.call([sys.executable, "-m", "trainnorm.dev.soak", *argv, "--device", "cpu"], env=env)
     if args.replay:
         return replay(args)
 

@@ -1,9 +1,9 @@
 """Multi-GPU evidence for trainnorm: data parallel, device placement, sequence parallel.
 
 Launch (two GPUs, NCCL):
-    torchrun --nproc_per_node 2 tools/multigpu.py --out multigpu-out --repeat
+    torchrun --nproc_per_node 2 -m trainnorm.dev.multigpu --out multigpu-out --repeat
 CPU (two processes, gloo):
-    torchrun --nproc_per_node 2 tools/multigpu.py --device cpu --out multigpu-out --repeat
+    torchrun --nproc_per_node 2 -m trainnorm.dev.multigpu --device cpu --out multigpu-out --repeat
 
 Parts (see docs/multigpu.md):
   a. train the demo's tiny transformer LM (trainnorm.demo.TinyLM, whose norms are
@@ -28,36 +28,23 @@ every check passed.
 """
 from __future__ import annotations
 
-# NVLink multicast stays off (NCCL NVLS, symmetric-memory multicast, NVSHMEM NVLS):
-# forced, not defaulted, before torch or NCCL read them.
+import argparse
+import datetime
+import hashlib
+import json
 import os
+import sys
+import time
+from pathlib import Path
 
-os.environ["NCCL_NVLS_ENABLE"] = "0"
-os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
-os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-# cuBLAS is deterministic only with a fixed workspace
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-try:
-    import trainnorm
-except ImportError:  # run from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    import trainnorm
-from trainnorm import reference  # noqa: E402
-from trainnorm.demo import TinyLM, batches  # noqa: E402
+import trainnorm
+from trainnorm import reference
+from trainnorm.demo import TinyLM, batches
 
 try:
     from torch.distributed.fsdp import fully_shard
@@ -67,6 +54,19 @@ try:
     from torch.distributed.tensor import DTensor
 except ImportError:
     DTensor = None
+
+# NVLink multicast stays off (NCCL NVLS, symmetric-memory multicast, NVSHMEM NVLS): forced, not
+# defaulted, before the process group starts (NCCL, symmetric memory and NVSHMEM read them then).
+# cuBLAS is deterministic only with a fixed workspace (read when its first handle is made).
+FORCED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+DEFAULT_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def set_env() -> None:
+    os.environ.update(FORCED_ENV)
+    for k, v in DEFAULT_ENV.items():
+        os.environ.setdefault(k, v)
+
 
 DW_BUDGET = 0.5
 MODEL_CFG = {
@@ -376,7 +376,8 @@ def print_table(summary: dict):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m trainnorm.dev.multigpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for multigpu.json")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: NCCL, one GPU per rank; cpu: gloo, the CPU path of trainnorm")
@@ -397,6 +398,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     parts = {s.strip() for s in args.parts.split(",") if s.strip()}
+    set_env()
     ctx = Ctx(args)
     torch.use_deterministic_algorithms(True)
     if ctx.world != 2:

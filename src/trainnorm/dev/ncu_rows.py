@@ -6,8 +6,9 @@ a kernel that stores one element (the fixed cost in every small-T row).
     ncu --profile-from-start off --clock-control none --cache-control all \\
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats --csv --page details --log-file ncu.csv \\
-        python3 tools/ncu_rows.py --case 'H5120 T65536|fwd|trainnorm,torch-compile-maxat' ...
-    python3 tools/ncu_rows.py --summarize ncu.csv cases.json > ncu.md
+        python -m trainnorm.dev.ncu_rows --case 'H5120 T65536|fwd|trainnorm,torch-compile-maxat' ...
+    python -m trainnorm.dev.ncu_rows --summarize ncu.csv cases.json > ncu.md
+    python -m trainnorm.dev.ncu_rows --launch-floor
 
 Each case is run three times unprofiled (compiles, caches), then once between
 cudaProfilerStart and cudaProfilerStop, after a marker kernel
@@ -21,10 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 MARKER = "spin"       # torch.cuda._sleep's kernel name contains it
 METRICS = {            # (section metric name, short name, scale)
@@ -142,13 +140,14 @@ def summarize(csv_path: str, cases_json: str) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainnorm.dev.ncu_rows", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", action="append", default=[], help="'ROW ID|OP|impl,impl,...' (repeatable)")
     p.add_argument("--cases-out", default="cases.json", help="the order the cases ran in (for --summarize)")
     p.add_argument("--launch-floor", action="store_true", help="time a graph of a one-store kernel")
     p.add_argument("--summarize", nargs=2, metavar=("NCU_CSV", "CASES_JSON"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.summarize:
         print(summarize(*args.summarize))
         return 0
@@ -160,6 +159,8 @@ def main() -> int:
         cases.append((row, op, names.split(",")))
     if cases:
         run_cases(cases, args.cases_out)
+    elif not args.launch_floor:
+        p.error("nothing to do: give --case, --launch-floor or --summarize")
     return 0
 
 

@@ -1,0 +1,378 @@
+"""Compile every kernel form the package launches, for sm_90, without a GPU.
+
+Runs the public API on uninitialised CPU tensors with the launches recorded
+instead of run (`recording()`: trainnorm.dispatch's kernels replaced by
+recorders), each launch specialised as Triton's JIT specialises it on the
+GPU (its own binder: pointer and integer alignment, integers equal to 1,
+absent tensors passed as constexpr None, tensor descriptors), then compiles
+each distinct form with Triton for an sm_90 target and runs Triton's bundled
+ptxas with -v on the PTX: registers and spill bytes per form. A form that does
+not compile, or that spills, is reported and the exit status is 1.
+
+    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices]
+
+Besides the forms the table's plans launch (every measured width, odd and
+wide widths, dtypes, residual, gate in both orders, per-head views, both dw
+modes at row counts that reach every dw form), it compiles those the tuner
+times: the column-slice tiles of --sweep-small, the forward's descriptor
+depths and its two-pass tiles of --sweep-fwd (each config through
+configs.override): about 2000 forms, ten minutes on two CPU cores (--jobs
+processes compile in parallel). --quick compiles a few forms of every kernel
+and dw form (seconds). Triton's interpreter must be off: the command restarts
+itself without TRITON_INTERPRET when it is set.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+INTERPRET = "TRITON_INTERPRET"
+
+
+def _interpreted() -> bool:
+    from trainnorm import kernels
+    return not hasattr(kernels.fwd_one_tile_kernel, "params")    # an InterpretedFunction, not a JITFunction
+
+
+# --- recording the launches ---------------------------------------------------------------
+
+class Launches:
+    """The distinct launches seen: {key: (kernel, signature, constexprs, attrs, options, named,
+    widths)}, each specialised for `target` as Triton's JIT does at launch; widths: the
+    row widths (n_cols) that launched the form."""
+
+    def __init__(self, target):
+        from triton.compiler import make_backend
+        self.target = target
+        self.backend = make_backend(target)
+        self.forms: dict = {}
+        self._binders: dict = {}
+
+    def add(self, kernel, args, kw) -> None:
+        from triton.runtime.jit import create_function_from_signature
+        binder = self._binders.get(kernel)
+        if binder is None:
+            binder = self._binders[kernel] = create_function_from_signature(kernel.signature, kernel.params,
+                                                                            self.backend)
+        bound, spec, opts = binder(*args, **kw)
+        options, signature, constexprs, attrs = kernel._pack_args(self.backend, kw, bound, spec, opts)
+        key = (kernel.fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+               repr(sorted(attrs.items())), repr(options))
+        if key not in self.forms:
+            named = {k: v for k, v in kw.items() if k != "num_warps"}
+            self.forms[key] = (kernel, signature, constexprs, attrs, options, named, set())
+        if "n_cols" in bound:
+            self.forms[key][-1].add(bound["n_cols"])
+
+
+class _Recorder:
+    def __init__(self, kernel, launches: Launches):
+        self.kernel = kernel
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.add(self.kernel, args, kw)
+        return launch
+
+
+@contextlib.contextmanager
+def recording(launches: Launches):
+    """Within the block the package's launches are recorded into `launches`, not run: the
+    dispatcher takes CPU tensors for device tensors, and each of its kernels is a recorder."""
+    from trainnorm import dispatch, kernels
+    saved = {"runs_kernels": dispatch.runs_kernels}
+    saved.update({name: getattr(dispatch, name) for name in kernels.__all__})
+    try:
+        dispatch.runs_kernels = lambda t: True
+        for name in kernels.__all__:
+            setattr(dispatch, name, _Recorder(saved[name], launches))
+        yield launches
+    finally:
+        for name, v in saved.items():
+            setattr(dispatch, name, v)
+
+
+# --- what the package launches --------------------------------------------------------------
+
+def _case(lead, hidden, dtype, wdt, layout="contig"):
+    """Uninitialised tensors of the right layouts: nothing is executed, and
+    untouched CPU pages cost no memory. layout "query": x is every other
+    H-slice of a twice wider row ([T, NH, H] with strides (2*NH*H, 2*H, 1): one
+    row stride); "heads": x is NH of NH + 8 heads (two-level rows)."""
+    e = lambda *shape, dt=dtype: torch.empty(shape, dtype=dt)
+    if layout == "query":
+        x = e(*lead[:-1], lead[-1], 2 * hidden)[..., :hidden]
+    elif layout == "heads":
+        x = e(*lead[:-1], lead[-1] + 8, hidden)[..., :lead[-1], :]
+    else:
+        x = e(*lead, hidden)
+    return x, e(*lead, hidden), e(*lead, hidden), e(*lead, hidden), e(hidden, dt=wdt)
+
+
+DTYPES = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+          (torch.float32, torch.float32))
+ODD_WIDTHS = (1, 1000, 8200, 65536)
+# row counts: one row (one chunk), 32 (column-slice dw), 300 (chunks and the combine),
+# 70000 (the atomic form where the table takes it)
+ROWS = (1, 32, 300, 70000)
+WIDE_ROWS = (1, 300)             # rows wider than one tile (H > 8192)
+
+
+def table_widths() -> list[int]:
+    from trainnorm.configs import DEFAULT_ARCH, table
+    t = table.load(DEFAULT_ARCH)
+    return sorted({e["hidden"] for op in ("forward", "backward") for e in t[op]})
+
+
+def exercise(widths, dtypes=DTYPES, gate_orders=(True, False), heads=None):
+    """The forms the plans launch: dtypes, residual, no weight, gate in both orders,
+    per-head views, both dw modes at several row counts."""
+    import trainnorm
+    from trainnorm.dev.tune import GATED_HEAD_LAYOUTS, HEAD_LAYOUTS
+    heads = {**GATED_HEAD_LAYOUTS, **HEAD_LAYOUTS} if heads is None else heads
+    for hidden, rows, layout in _shapes(widths, heads):
+        nh = heads.get(hidden, 0)
+        lead = (max(1, rows // nh), nh) if nh else (rows,)
+        for dtype, wdt in dtypes:
+            x, r, dy, dh, w = _case(lead, hidden, dtype, wdt, layout)
+            rstd = torch.empty(lead, dtype=torch.float32)
+            for res in (None, r):
+                trainnorm.rms_norm_forward(x, w, residual=res)
+                for det in (True, False):
+                    trainnorm.rms_norm_backward(dy, x, w, rstd, dh=None if res is None else dh, deterministic=det)
+                trainnorm.rms_norm_forward(x, None, residual=res)
+                trainnorm.rms_norm_backward(dy, x, None, rstd)
+            for nbg in gate_orders:
+                trainnorm.rms_norm_gated_forward(x, r, w, norm_before_gate=nbg)
+                for det in (True, False):
+                    trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd, norm_before_gate=nbg, deterministic=det)
+
+
+def _shapes(widths, heads):
+    """(H, rows, layout): the head layouts' widths as per-head rows, one-level and two-level."""
+    for hidden in widths:
+        for rows in ROWS if hidden <= 8192 else WIDE_ROWS:
+            for layout in ("query", "heads") if hidden in heads else ("contig",):
+                yield hidden, rows, layout
+
+
+def exercise_quick():
+    """A few launches that reach every kernel and dw form: H 4096 at one row (one chunk),
+    32 (column slices), 300 (chunks and the combine) and 70000 rows (the atomic form), with
+    a residual and with a gate; rows walked in column tiles (H 8200); two-level per-head rows."""
+    import trainnorm
+    for rows in ROWS:
+        x, r, dy, dh, w = _case((rows,), 4096, torch.bfloat16, torch.bfloat16)
+        rstd = torch.empty((rows,), dtype=torch.float32)
+        trainnorm.rms_norm_forward(x, w)
+        trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=rows < ROWS[-1])
+    x, r, dy, dh, w = _case((300,), 4096, torch.bfloat16, torch.bfloat16)
+    rstd = torch.empty((300,), dtype=torch.float32)
+    trainnorm.rms_norm_forward(x, w, residual=r)
+    trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh)
+    trainnorm.rms_norm_gated_forward(x, r, w)
+    trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
+    for lead, hidden, layout in (((300,), 8200, "contig"), ((16, 24), 256, "heads")):
+        x, r, dy, dh, w = _case(lead, hidden, torch.bfloat16, torch.bfloat16, layout)
+        rstd = torch.empty(lead, dtype=torch.float32)
+        trainnorm.rms_norm_forward(x, w)
+        trainnorm.rms_norm_backward(dy, x, w, rstd)
+
+
+def exercise_slices(widths=(512, 1536, 2048, 4096, 5120, 6144, 8200), tiles=None):
+    """The column-slice dw form with the tiles trainnorm.dev.tune --sweep-small times."""
+    import trainnorm
+    from trainnorm import configs
+    from trainnorm.dev.tune import ALWAYS, SMALL_SLICES
+    for bm, bn in SMALL_SLICES if tiles is None else tiles:
+        with configs.override(backward=lambda key, cfg, bm=bm, bn=bn: cfg.replace(
+                direct_max_rows=0, slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn)):
+            for hidden in widths:
+                x, r, dy, dh, w = _case((64,), hidden, torch.bfloat16, torch.bfloat16)
+                rstd = torch.empty((64,), dtype=torch.float32)
+                for det in (True, False):
+                    trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det)
+                trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh)
+                trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
+
+
+def exercise_fwd_tma(widths=(512, 1536, 2048, 4096, 5120, 6144, 1000), stages=None):
+    """The forward's descriptor forms at the depths trainnorm.dev.tune --sweep-fwd times."""
+    import trainnorm
+    from trainnorm import configs
+    from trainnorm.dev.tune import FWD_TMA_STAGES
+    for st in FWD_TMA_STAGES if stages is None else stages:
+        with configs.override(forward=lambda key, cfg, st=st: cfg.replace(tma_stages=st)):
+            for hidden in widths:
+                for wdt in (torch.bfloat16, torch.float32):
+                    x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt)
+                    for res in (None, r):
+                        trainnorm.rms_norm_forward(x, w, residual=res)
+                    trainnorm.rms_norm_gated_forward(x, r, w)
+
+
+def exercise_fwd_tiles(widths=None, limit=None):
+    """The forward's two-pass forms (rows walked in 2-8 narrower tiles) that trainnorm.dev.tune
+    --sweep-fwd times (the first `limit` of each width's)."""
+    import trainnorm
+    from trainnorm import configs
+    from trainnorm.dev.tune import FWD_WIDTHS, fwd_sweep_candidates
+    for hidden in FWD_WIDTHS if widths is None else widths:
+        cands = [c for c in fwd_sweep_candidates(hidden) if c.col_tiles(hidden) > 1][:limit]
+        for cfg in cands:
+            with configs.override(forward=cfg):
+                for wdt in (torch.bfloat16, torch.float32):
+                    x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt)
+                    for res in (None, r):
+                        trainnorm.rms_norm_forward(x, w, residual=res)
+                    trainnorm.rms_norm_gated_forward(x, r, w)
+
+
+# --- compiling ------------------------------------------------------------------------------
+
+def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
+    """(registers, spill store bytes, ptxas output) of ptxas -v on the PTX."""
+    from triton.backends.nvidia.compiler import get_ptxas   # the ptxas Triton itself uses for this arch
+    ptxas = get_ptxas(arch).path
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        tgt = re.search(r"^\.target\s+(\w+)", ptx, re.M)
+        res = subprocess.run([ptxas, f"-arch={tgt.group(1) if tgt else f'sm_{arch}'}", "-v", src,
+                              "-o", os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    text = res.stdout + res.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.findall(r"(\d+) bytes spill stores", text)
+    return int(regs.group(1)) if regs else -1, sum(int(s) for s in spill), text
+
+
+def label(form) -> str:
+    kernel, signature, constexprs, attrs, options, named, widths = form
+    names = kernel.arg_names
+    absent = [names[i] for (i,), v in sorted(constexprs.items()) if v is None and names[i] not in named]
+    ones = [f"{names[i]}=1" for (i,), v in sorted(constexprs.items()) if v == 1 and names[i] not in named]
+    ptrs = [(n, signature[n][1:]) for n in names if signature[n].startswith("*")]
+    dtypes = ptrs[0][1] + "".join(f" {n}:{t}" for n, t in ptrs if n == "W" and t != ptrs[0][1])
+    text = (f"{kernel.fn.__name__} {dtypes} w{options.num_warps} "
+            + " ".join(f"{k}={v}" for k, v in sorted(named.items())))
+    if ones:
+        text += " " + " ".join(ones)
+    if absent:
+        text += f" [no {','.join(absent)}]"
+    unaligned = [names[i] for (i,), a in sorted(attrs.items()) if not a and signature[names[i]] in ("i32", "i64")]
+    if unaligned:
+        text += f" [not /16: {','.join(unaligned)}]"
+    if widths:
+        text += f" (H {','.join(map(str, sorted(widths)))})"
+    return text
+
+
+def compile_form(form, arch: int, target) -> tuple[int, int, int]:
+    """(registers, spill bytes, bulk tensor copies in the PTX) of one recorded form."""
+    import triton
+    from triton.compiler import ASTSource
+    kernel, signature, constexprs, attrs, options, _, _ = form
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    ptx = compiled.asm["ptx"]
+    regs, spill, text = ptxas_report(ptx, arch)
+    if regs < 0:
+        raise RuntimeError(f"ptxas gave no register count: {text.strip()[:200]}")
+    return regs, spill, ptx.count("cp.async.bulk.tensor")
+
+
+_FORMS: list = []        # the forms a forked worker compiles, by index
+
+
+def _compile_one(job):
+    i, arch, target = job
+    try:
+        return compile_form(_FORMS[i], arch, target), None
+    except Exception as exc:  # noqa: BLE001 - report every form that fails
+        return None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+
+def _compile_all(forms, arch, target, jobs):
+    """(result, error) of every form, in order; `jobs` forked processes compile them."""
+    _FORMS[:] = forms
+    work = [(i, arch, target) for i in range(len(forms))]
+    if jobs <= 1 or len(forms) < 2:
+        yield from map(_compile_one, work)
+        return
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(jobs) as pool:     # the children inherit the recorded forms
+        yield from pool.imap(_compile_one, work)
+
+
+def collect(args, target) -> Launches:
+    """The launches of the plans (unless --only) and of the tuner's candidates."""
+    launches = Launches(target)
+    quick = args.quick
+    with recording(launches):
+        if args.only is None:
+            if quick:
+                exercise_quick()
+            else:
+                exercise(sorted(set(table_widths()) | set(ODD_WIDTHS)))
+        if args.only in (None, "slices"):
+            exercise_slices(**(dict(widths=(4096,), tiles=((16, 64),)) if quick else {}))
+        if args.only in (None, "fwd-tma"):
+            exercise_fwd_tma(**(dict(widths=(4096,), stages=(3,)) if quick else {}))
+        if args.only in (None, "fwd-tiles"):
+            exercise_fwd_tiles(**(dict(widths=(5120,), limit=1) if quick else {}))
+    return launches
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trainnorm.dev.compile_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", type=int, default=90, help="compute capability of the target (default 90)")
+    p.add_argument("--quick", action="store_true", help="a few forms of each kernel")
+    p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
+                   help="processes compiling in parallel (default: one per CPU)")
+    p.add_argument("--only", choices=("slices", "fwd-tma", "fwd-tiles"), default=None,
+                   help="only the tuner's column-slice tiles, forward descriptor depths or two-pass tiles")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if _interpreted():
+        # the kernels were made for Triton's interpreter at import: start again without it
+        env = {k: v for k, v in os.environ.items() if k != INTERPRET}
+        return subprocess.call([sys.executable, "-m", "trainnorm.dev.compile_check", *argv], env=env)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    target = GPUTarget("cuda", args.arch, 32)
+    launches = collect(args, target)
+    bad = 0
+    forms = [form for _, form in sorted(launches.forms.items(), key=lambda kv: kv[0])]
+    print(f"{len(forms)} kernel forms; Triton {triton.__version__}, sm_{args.arch}", flush=True)
+    for form, (res, err) in zip(forms, _compile_all(forms, args.arch, target, args.jobs)):
+        text = label(form)
+        if err is not None:
+            bad += 1
+            print(f"  FAILED  {text}: {err}", flush=True)
+            continue
+        regs, spill, bulk = res
+        flag = "  SPILLS" if spill else ""
+        if bulk:
+            flag += f"  bulk copies {bulk}"
+        bad += bool(spill)
+        print(f"  regs {regs:>3} spill {spill:>5}  {text}{flag}", flush=True)
+    print("compile check:", "OK" if not bad else f"{bad} forms failed or spill")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

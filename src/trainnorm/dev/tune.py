@@ -1,0 +1,659 @@
+"""Measure kernel configurations on the GPU and write the measured table (configs/sm_90.json).
+
+Timing as `trainnorm bench` does it (one CUDA-graph replay per sample after an
+L2 flush, median of interleaved passes; trainnorm.bench.timing), trainnorm
+alone, bf16 activations. Every candidate runs inside `configs.override(...)`
+for its own key only: the package's lookups and tables are never patched.
+Three sweeps, each writing the entries it chooses through `configs.table`
+(`to_entry`, `put`, `save`) into a copy of the architecture's table: every
+other entry keeps its fields and notes, and each entry written carries the
+times that chose it.
+
+    python -m trainnorm.dev.tune --sweep-bwd [--gated] [--hidden 512,4096] --out DIR
+    python -m trainnorm.dev.tune --sweep-small --out DIR
+    python -m trainnorm.dev.tune --sweep-fwd --out DIR
+
+--sweep-bwd times, for the backward, every candidate tile with the row-tile
+loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
+chunking, interleaved at several token counts; the entry is the candidate
+with the best geomean over those counts (relative to the best at each count),
+then the fast form's edge (atomic_min_rows) for it. The small-T windows of
+the entry it replaces (direct_max_rows, slices_max_rows, the one-chunk loads,
+the slice tile) and their notes are kept: they were measured against the
+previous tile, so run --sweep-small again after it. --gated does the same for
+the SiLU-gated backward (gate after the norm) at the gated bench widths
+(H 4096, and H 128 as [T, 32, 128]): the "gated" entries.
+
+--sweep-small times, at T 1-512, the backward entry's chunked form against
+one chunk (each load form) and against the column-slice dw form (each slice
+tile): the one-chunk window, then the column-slice window past it, written
+into the entry's windows, schedule and slice tile.
+
+--sweep-fwd times every forward tile at T 1-65536 (plain loads, tensor
+descriptors, rows walked in narrower tiles) and writes the "plain" entries
+and, at the bench's float32-weight widths, the "weight_fp32" ones.
+
+The table is written to DIR/<arch>.json, or to --table PATH; a file already
+there is the starting point, so sweeps run into one DIR add up. The package's
+own table is written only when --table names it. DIR also gets the raw times
+(sweep-bwd.json, sweep-small.json, sweep-fwd.json) and the log (tune.txt).
+A new entry changes bits (configs/__init__.py): re-verify with
+`trainnorm verify` and the GPU suite before committing a table.
+
+The earlier two-stage search (a forward and a backward tile at one token
+count, then the backward's chunking over token counts) is gone: the sweeps
+time those choices at every count, and the table's method cites only them.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import trainnorm
+from trainnorm import configs
+from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2
+from trainnorm.configs import table as tables
+
+ELT = 2                       # the sweeps time bf16 activations (fp16 shares the entries)
+NEVER = 1 << 40               # atomic_min_rows of a width whose atomic form never paid
+
+# Head layouts: widths the bench times as per-head rows ([T, heads, H]); their
+# sweeps use those rows and fewer token counts (bench/shapes.py)
+HEAD_LAYOUTS = {256: 24}
+GATED_HEAD_LAYOUTS = {128: 32}
+BWD_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144, 256)
+GATED_WIDTHS = (4096, 128)
+
+
+def heads_of(hidden: int, gated: bool = False) -> int:
+    return (GATED_HEAD_LAYOUTS if gated else HEAD_LAYOUTS).get(hidden, 1)
+
+
+# --- the table being written --------------------------------------------------------------
+
+@dataclass
+class Run:
+    """One tuning run: the table it writes (in memory, saved after every width),
+    where its raw data goes, the device, the L2 flush and the log."""
+    table: dict
+    table_path: str | None = None
+    out: str | None = None
+    device: object = "cuda"
+    flush: object = None
+    log: Callable[[str], None] = print
+    raw: dict = field(default_factory=dict)
+
+    def save(self, raw_name: str | None = None) -> None:
+        if self.table_path:
+            tables.save(self.table, self.table_path)
+        if self.out and raw_name:
+            with open(os.path.join(self.out, raw_name), "w") as f:
+                json.dump(self.raw, f, indent=1)
+
+
+def new_table(arch: str) -> dict:
+    return {"arch": arch, "measured_on": "", "method": [], "forward": [], "backward": []}
+
+
+def start_table(table_path: str, arch: str) -> dict:
+    """The table a run starts from: the file at table_path if there is one (earlier
+    sweeps into the same place), else a copy of the package's table of arch, else an
+    empty table."""
+    if os.path.exists(table_path):
+        with open(table_path) as f:
+            return json.load(f)
+    if arch in tables.archs():
+        return copy.deepcopy(tables.load(arch))
+    return new_table(arch)
+
+
+def table_path_for(out: str, table: str | None, arch: str) -> str:
+    """Where the table is written: --table, else OUT/<arch>.json; never one of the
+    package's tables unless --table names it."""
+    path = table or os.path.join(out, f"{arch}.json")
+    package = {os.path.realpath(tables.path(a)) for a in tables.archs()}
+    if table is None and os.path.realpath(path) in package:
+        raise SystemExit(f"{path} is the package's table: name it with --table to overwrite it")
+    return path
+
+
+def find_entry(table: dict, op: str, hidden: int, kind: str, elt: int = ELT) -> dict | None:
+    return next((e for e in table[op] if (e["hidden"], e["elt"], e["kind"]) == (hidden, elt, kind)), None)
+
+
+def config_in(table: dict, op: str, hidden: int, kind: str):
+    """The config a lookup would give for (hidden, bf16, kind) if `table` were the
+    package's (the same fallbacks as configs.forward_config / backward_config)."""
+    e = find_entry(table, op, hidden, kind)
+    if e is not None:
+        return tables.to_config(op, e)
+    plain = find_entry(table, op, hidden, "plain")
+    if op == "forward":
+        return tables.to_config(op, plain) if plain else configs.default_forward(hidden, ELT)
+    cfg = tables.to_config(op, plain) if plain else configs.default_backward(hidden, ELT)
+    return configs.gated_from_plain(cfg) if kind == "gated" else cfg
+
+
+def write_entry(table: dict, op: str, hidden: int, kind: str, cfg, notes) -> dict:
+    """Put the entry of (hidden, bf16, kind) into `table` (in memory), replacing any
+    entry of that key; every other entry stays as it is."""
+    entry = tables.to_entry(op, hidden, ELT, kind, cfg, notes)
+    tables.put(table, op, entry)
+    return entry
+
+
+def only(hidden: int, kind: str, cfg):
+    """An override function: cfg for the key (hidden, bf16, kind), any architecture; the
+    lookup's own config for every other key."""
+    def pick(key: Key, current):
+        return cfg if (key.hidden, key.elt, key.kind) == (hidden, ELT, kind) else None
+    return pick
+
+
+# --- timing -----------------------------------------------------------------------------
+
+def time_fns(fns: dict, flush, passes=3, samples=8) -> dict:
+    """{name: median us} of zero-argument callables, each captured in a CUDA graph and
+    sampled in interleaved passes (trainnorm.bench.timing)."""
+    from trainnorm.bench.timing import make_timer, percentile, sample_interleaved
+    stream = torch.cuda.Stream()
+    timers = []
+    with torch.cuda.stream(stream):
+        for name, fn in fns.items():
+            timers.append(make_timer(name, fn, stream))
+    torch.cuda.synchronize()
+    res = sample_interleaved(timers, flush, passes, samples)
+    out = {k: percentile([s for p in v for s in p], 50) for k, v in res.items()}
+    for t in timers:
+        t.release()
+    return out
+
+
+def _geo(xs) -> float:
+    return statistics.geometric_mean(list(xs))
+
+
+def _inputs(hidden, tokens, dev, gated=False):
+    """x, w, dy, rstd, and the gate z (None without one)."""
+    heads = heads_of(hidden, gated)
+    shape = (tokens, heads, hidden) if heads > 1 else (tokens, hidden)
+    x = torch.randn(shape, device=dev).to(torch.bfloat16)
+    w = torch.randn(hidden, device=dev).to(torch.bfloat16)
+    dy = torch.randn(shape, device=dev).to(torch.bfloat16)
+    if gated:
+        z = torch.randn(shape, device=dev).to(torch.bfloat16)
+        _, rstd = trainnorm.rms_norm_gated_forward(x, z, w)
+        return x, w, dy, rstd, z
+    _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+    return x, w, dy, rstd, None
+
+
+def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det, z=None):
+    # inside the override at capture and, for an eager fallback, at every call
+    kind = "gated" if z is not None else "plain"
+    with configs.override(backward=only(hidden, kind, cfg)):
+        if z is not None:
+            return trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=det, workspace=ws)
+        return trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det, workspace=ws)
+
+
+def _workspace(cfg, hidden, rows, det, dev, gated):
+    """The workspace the backward needs under cfg (its size follows the config's chunking)."""
+    with configs.override(backward=only(hidden, "gated" if gated else "plain", cfg)):
+        return trainnorm.backward_workspace(rows, hidden, deterministic=det, device=dev, gated=gated)
+
+
+# --- the backward (--sweep-bwd) ---------------------------------------------------------------
+
+SWEEP_TILES = {   # (block_m, num_warps) per width
+    512: [(16, 4), (8, 4), (4, 4), (16, 8), (8, 8)],
+    1536: [(2, 8), (1, 4), (2, 4), (4, 8)],
+    2048: [(2, 8), (1, 4), (2, 4), (4, 8)],
+    4096: [(1, 4), (1, 8), (2, 8)],
+    5120: [(1, 8), (1, 16), (2, 16)],
+    6144: [(1, 8), (1, 16), (2, 16)],
+    # bm32 w4 spills ~850 bytes a thread with prefetch (trainnorm.dev.compile_check,
+    # Triton 3.9): tiles of at most 32 elements a thread
+    256: [(16, 4), (8, 4), (16, 8)],
+}
+SWEEP_TILES_GATED = {
+    4096: [(1, 8), (2, 8), (2, 16)],
+    128: [(32, 4), (32, 8), (64, 8)],
+}
+SWEEP_T = (256, 1024, 4096, 16384, 65536)
+SWEEP_T_HEAD = (1024, 4096, 16384)      # x the heads per token (24 for H 256, 32 for gated H 128)
+# row-tile loads: (prefetch, tma_stages): plain, register prefetch, tensor descriptors 3 or 4 deep
+SWEEP_LOADS = ((False, 0), (True, 0), (False, 3), (False, 4))
+DW_2D_MAX_H = 2048      # dw_2d is swept up to this H (wider tiles hold too many float64 sums)
+SWEEP_SCHED = [(c, m) for c in (2, 4) for m in (132, 264, 528)]   # (ctas_per_sm, max_chunks)
+# the small-T fields of an entry, which --sweep-small measures and --sweep-bwd keeps
+SMALL_FIELDS = ("direct_max_rows", "slices_max_rows", "direct_prefetch", "direct_tma_stages", "slice_block_m",
+                "slice_block_n")
+SMALL_NOTE = "table/"     # the notes --sweep-small writes start so
+
+
+def bwd_candidate(hidden, k) -> BwdConfig:
+    bm, nw, pf, st, d2, ctas, mx = k
+    return BwdConfig.from_fields(block_m=bm, block_n=next_pow2(hidden), num_warps=nw, min_rows_per_chunk=bm,
+                                 max_chunks=mx, dw_2d=d2, ctas_per_sm=ctas, prefetch=pf, tma_stages=st)
+
+
+def bwd_name(k) -> str:
+    bm, nw, pf, st, d2, ctas, mx = k
+    return f"bm{bm} w{nw}{' pf' if pf else ''}{f' tma{st}' if st else ''}{' d2' if d2 else ''} c{ctas} max{mx}"
+
+
+def _bwd_tokens(hidden, gated):
+    return SWEEP_T_HEAD if heads_of(hidden, gated) > 1 else SWEEP_T
+
+
+def sweep_bwd(run: Run, hidden: int, gated: bool = False) -> dict:
+    """{T: {(bm, nw, prefetch, tma_stages, dw_2d, ctas, max_chunks): us}} of the deterministic backward."""
+    dev = run.device
+    tiles = (SWEEP_TILES_GATED if gated else SWEEP_TILES)[hidden]
+    d2s = (False, True) if hidden <= DW_2D_MAX_H else (False,)
+    res = {}
+    for tokens in _bwd_tokens(hidden, gated):
+        x, w, dy, rstd, z = _inputs(hidden, tokens, dev, gated)
+        rows = rstd.numel()
+        res[tokens] = {}
+        for (bm, nw), (pf, st), d2 in itertools.product(tiles, SWEEP_LOADS, d2s):
+            fns = {}
+            for ctas, mx in SWEEP_SCHED:
+                k = (bm, nw, pf, st, d2, ctas, mx)
+                cfg = bwd_candidate(hidden, k)
+                ws = _workspace(cfg, hidden, rows, True, dev, gated)
+                fns[k] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z))
+            try:
+                res[tokens].update(time_fns(fns, run.flush, passes=2, samples=6))
+            except Exception as e:  # noqa: BLE001 - a tile that fails to compile or run is dropped
+                run.log(f"  H{hidden} T{tokens} bm{bm} w{nw} pf{int(pf)} tma{st} d2{int(d2)}: "
+                        f"{type(e).__name__}: {str(e)[:80]}")
+        best = min(res[tokens].items(), key=lambda kv: kv[1])
+        run.log(f"  H{hidden} T{tokens}: best {bwd_name(best[0])} {best[1]:.1f} us")
+        del x, w, dy, rstd, z
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return res
+
+
+def fast_edge(run: Run, hidden: int, cfg: BwdConfig, gated: bool = False) -> dict:
+    """{T: (deterministic us, atomic us, rows)} of cfg with the atomic form taken from the first row."""
+    atomic = cfg.replace(atomic_min_rows=0)
+    out = {}
+    for tokens in _bwd_tokens(hidden, gated):
+        x, w, dy, rstd, z = _inputs(hidden, tokens, run.device, gated)
+        rows = rstd.numel()
+        ws_d = _workspace(atomic, hidden, rows, True, run.device, gated)
+        ws_f = _workspace(atomic, hidden, rows, False, run.device, gated)
+        t = time_fns({"det": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_d, True, z),
+                      "fast": lambda: _bwd_with(atomic, hidden, dy, x, w, rstd, ws_f, False, z)},
+                     run.flush, passes=3, samples=6)
+        out[tokens] = (t["det"], t["fast"], rows)
+    return out
+
+
+def atomic_min_rows(edge: dict, rows_per_token: int) -> int:
+    """The atomic form from the smallest measured count from which it is faster at every
+    larger one (0: from the first; NEVER: at none)."""
+    toks = sorted(edge)
+    for i, t in enumerate(toks):
+        if all(edge[u][1] <= edge[u][0] for u in toks[i:]):
+            return 0 if i == 0 else t * rows_per_token
+    return NEVER
+
+
+def choose(res: dict):
+    """(key, geomean score, worst ratio, candidates): the candidate present at every
+    point with the lowest geomean of its time relative to the best at each point."""
+    keys = set.intersection(*(set(v) for v in res.values()))
+    best_t = {t: min(v.values()) for t, v in res.items()}
+    score = {k: _geo(res[t][k] / best_t[t] for t in res) for k in keys}
+    k = min(score, key=lambda c: (score[c], str(c)))
+    return k, score, max(res[t][k] / best_t[t] for t in res)
+
+
+def tune_bwd(run: Run, widths, gated: bool = False) -> None:
+    kind = "gated" if gated else "plain"
+    t0 = time.time()
+    for hidden in widths:
+        prev_entry = find_entry(run.table, "backward", hidden, kind)
+        previous = config_in(run.table, "backward", hidden, kind)
+        res = sweep_bwd(run, hidden, gated)
+        k, score, worst = choose(res)
+        cfg = bwd_candidate(hidden, k)
+        edge = fast_edge(run, hidden, cfg, gated)
+        amr = atomic_min_rows(edge, heads_of(hidden, gated))
+        cfg = cfg.replace(atomic_min_rows=amr)
+        times = ", ".join(f"T{t} {res[t][k]:.1f}" for t in sorted(res))
+        notes = [f"{bwd_name(k)}: {times} us; x{score[k]:.3f} geomean, worst x{worst:.2f} of the best per T "
+                 f"over {len(score)} candidates",
+                 "det/atomic us: " + ", ".join(f"T{t} {edge[t][0]:.1f}/{edge[t][1]:.1f}" for t in sorted(edge))]
+        if prev_entry is not None:
+            # the small-T windows were measured against the previous tile: kept, with their notes
+            small = {f: getattr(previous, f) for f in SMALL_FIELDS}
+            if any(small[f] != getattr(cfg, f) for f in SMALL_FIELDS):
+                cfg = cfg.replace(**small)
+                notes.append("small-T windows, one-chunk loads and slice tile kept from the previous entry "
+                             "(--sweep-small, measured against its tile)")
+            notes += [n for n in prev_entry.get("notes", []) if n.startswith(SMALL_NOTE)]
+        write_entry(run.table, "backward", hidden, kind, cfg, notes)
+        run.raw[str(hidden)] = {"times": {str(t): {bwd_name(kk): v for kk, v in r.items()} for t, r in res.items()},
+                                "chosen": bwd_name(k), "score": score[k],
+                                "edge": {str(t): v for t, v in edge.items()}, "previous": previous.fields()}
+        run.log(f"H{hidden} {kind}: {notes[0]} | {notes[1]} | atomic_min_rows {amr}  ({time.time() - t0:.0f}s)")
+        # saved after every width, so a run cut short keeps what it chose
+        run.save("sweep-bwd-gated.json" if gated else "sweep-bwd.json")
+
+
+# --- the backward's small-T windows (--sweep-small) -------------------------------------------
+
+SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
+# loads of the one-chunk form: (prefetch, tma_stages)
+SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
+# column-slice dw tiles (slice_block_m, slice_block_n); trainnorm.dev.compile_check compiles these
+SMALL_SLICES = ((16, 64), (16, 128), (32, 128), (16, 256))
+ALWAYS = 1 << 40          # a window that covers every count
+
+
+def loads_name(pf, st) -> str:
+    return "plain" if not pf and not st else ("prefetch" if pf else f"tma{st}")
+
+
+def slices_name(bm, bn) -> str:
+    # the label of a column-slice tile in the table's notes ("table/cols16x64 us: ...")
+    return f"cols{bm}x{bn}"
+
+
+def small_base(table: dict, hidden: int) -> BwdConfig:
+    """The entry's chunked form alone: its windows closed, its one-chunk loads unset."""
+    return config_in(table, "backward", hidden, "plain").replace(
+        direct_max_rows=0, slices_max_rows=0, direct_prefetch=None, direct_tma_stages=None)
+
+
+def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
+    """{T: {name: us}}: the chunked form ("table"), one chunk with each load form and the
+    column-slice form with each tile, interleaved per T."""
+    res = {}
+    for tokens in SMALL_T:
+        x, w, dy, rstd, _ = _inputs(hidden, tokens, run.device)
+        ws = _workspace(base, hidden, rstd.numel(), True, run.device, False)
+        fns = {"table": lambda ws=ws, x=x, w=w, dy=dy, rstd=rstd: _bwd_with(base, hidden, dy, x, w, rstd, ws, True)}
+        for pf, st in SMALL_LOADS:
+            cfg = base.replace(direct_max_rows=ALWAYS, direct_prefetch=pf, direct_tma_stages=st)
+            fns[loads_name(pf, st)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+                                       _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
+        for bm, bn in SMALL_SLICES:
+            cfg = base.replace(slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn)
+            fns[slices_name(bm, bn)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+                                        _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
+        res[tokens] = time_fns(fns, run.flush, passes=3, samples=8)
+        run.log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
+    return res
+
+
+# Replays of a few microseconds differ by ~1-2% between interleaved groups: a one-chunk form within
+# this of the table does not end the window (the H200 sweep of H 4096 read T2 5.70 against 5.65 us,
+# then T4 6.78 against 9.36 and T8 9.07 against 9.34)
+SMALL_NOISE = 0.02
+
+
+def _window(res, toks, names, win):
+    """(best, edge, note): of `names`, the form with the best geomean against the table over the
+    counts `win`, and its window: up to the last count of `toks` where it is faster, with no count
+    before it where it is slower by more than SMALL_NOISE (edge 0: none)."""
+    best = min(names, key=lambda k: _geo(res[t][k] / res[t]["table"] for t in win))
+    edge = 0
+    for t in toks:
+        if res[t][best] > res[t]["table"] * (1 + SMALL_NOISE):
+            break
+        if res[t][best] < res[t]["table"]:
+            edge = t
+    return best, edge, ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+
+
+def choose_small(res):
+    """(loads name, direct_max_rows, note): the one-chunk load form and window (_window) over the
+    counts where some one-chunk form beats the table; (None, 0, note) where none pays."""
+    toks = sorted(res)
+    names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
+    win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
+    best, edge, note = _window(res, toks, names, win)
+    if edge == 0:
+        return None, 0, note     # no count where the one-chunk form pays: the table's forms stay
+    return best, edge if edge > 1 else 0, note
+
+
+def choose_slices(res, after):
+    """(slice tile name, slices_max_rows, note): the column-slice tile and window (_window) past
+    the one-chunk window (counts > after); (None, 0, note) where no tile pays."""
+    toks = [t for t in sorted(res) if t > after]
+    names = [k for k in res[toks[0]] if k.startswith("cols")] if toks else []
+    win = [t for t in toks if names and min(res[t][k] for k in names) < res[t]["table"]]
+    if not win:
+        return None, 0, ""
+    best, edge, note = _window(res, toks, names, win)
+    return (best, edge, note) if edge else (None, 0, note)
+
+
+def small_entry(base: BwdConfig, best, edge, sbest, sedge) -> BwdConfig:
+    """The entry's config with the windows chosen (choose_small, choose_slices)."""
+    cfg = base.replace(direct_max_rows=edge, slices_max_rows=sedge)
+    if best is not None:
+        pf, st = next((p, s) for p, s in SMALL_LOADS if loads_name(p, s) == best)
+        cfg = cfg.replace(direct_prefetch=pf, direct_tma_stages=st)
+    if sbest is not None:
+        bm, bn = next((m, n) for m, n in SMALL_SLICES if slices_name(m, n) == sbest)
+        cfg = cfg.replace(slice_block_m=bm, slice_block_n=bn)
+    return cfg
+
+
+def tune_small(run: Run, widths) -> None:
+    for hidden in widths:
+        prev_entry = find_entry(run.table, "backward", hidden, "plain")
+        base = small_base(run.table, hidden)
+        res = sweep_small(run, hidden, base)
+        best, edge, note = choose_small(res)
+        sbest, sedge, snote = choose_slices(res, edge)
+        run.raw[str(hidden)] = {"times": {str(t): v for t, v in res.items()}, "loads": best, "direct_max_rows": edge,
+                                "slices": sbest, "slices_max_rows": sedge}
+        run.log(f"H{hidden}: one chunk ({best}) up to {edge} rows | table/one-chunk us: {note}")
+        run.log(f"H{hidden}: column-slice dw ({sbest}) up to {sedge} rows | table/slices us: {snote}")
+        notes = [f"{SMALL_NOTE}one-chunk {best} us: {note}"]
+        if snote:
+            notes.append(f"{SMALL_NOTE}{sbest or 'column-slice dw'} us: {snote}")
+        if prev_entry is None:
+            if best is None and sbest is None:
+                run.log(f"H{hidden}: no entry written, the default's forms stay")
+                run.save("sweep-small.json")
+                continue
+            notes.append("tile: the analytical default (configs.default_backward); only the small-T windows "
+                         "were measured")
+        else:
+            notes = [n for n in prev_entry.get("notes", []) if not n.startswith(SMALL_NOTE)] + notes
+        write_entry(run.table, "backward", hidden, "plain", small_entry(base, best, edge, sbest, sedge), notes)
+        run.save("sweep-small.json")
+
+
+# --- the forward tile over token counts (--sweep-fwd) -----------------------------------------
+
+FWD_T = (1, 16, 1024, 16384, 65536)
+FWD_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
+FWD_W32_WIDTHS = (5120, 6144)     # the bench's float32-weight rows
+FWD_TMA_STAGES = (3, 4)           # the descriptor forms' pipeline depths
+FWD_TMA_CTAS = (1, 2, 4)          # and programs per SM
+FWD_CHUNK_BN = (512, 1024, 2048)  # the two-pass forms' tile widths
+FWD_CHUNK_MAX_TILES = 8
+# bench rows that share a width's plain / weight_fp32 entry with the plain rows: the
+# entry is scored on them too (H6144 res and res w32, H4096 gate)
+FWD_VARIANTS = {6144: ("", "res"), 4096: ("", "gate")}
+
+
+def fwd_sweep_candidates(hidden):
+    """Plain tiles (tma_stages 0), and the descriptor form of the tiles that hold
+    at most 64 elements a thread, at each depth and programs per SM; then rows
+    walked twice in 2-8 narrower tiles (the second pass re-reads x from L1 / L2),
+    which hold no padding: H 5120 is five 1024-wide tiles where the one-tile
+    form holds 8192 columns a row."""
+    bn = next_pow2(hidden)
+    for bm, nw in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16)):
+        per_thread = bm * bn // (32 * nw)
+        if bm * bn <= 16384 and 4 <= per_thread <= 256 and (nw > 2 or bn <= 1024):
+            yield FwdConfig.from_fields(block_m=bm, block_n=bn, num_warps=nw)
+            if 8 <= per_thread <= 64 and nw in (4, 8):
+                for st, ctas in itertools.product(FWD_TMA_STAGES, FWD_TMA_CTAS):
+                    yield FwdConfig.from_fields(block_m=bm, block_n=bn, num_warps=nw, tma_stages=st,
+                                                ctas_per_sm=ctas)
+    for cbn in FWD_CHUNK_BN:
+        if cbn < bn and cdiv(hidden, cbn) <= FWD_CHUNK_MAX_TILES:
+            for bm, nw in itertools.product((1, 2, 4, 8), (4, 8, 16)):
+                # unrolled, a thread holds all of its tiles at once: at most 64 elements
+                # (H5120 bm4 n512 w4, 128, spills under ptxas: trainnorm.dev.compile_check)
+                per_thread = bm * cbn // (32 * nw)
+                if 4 <= per_thread and per_thread * cdiv(hidden, cbn) <= 64:
+                    yield FwdConfig.from_fields(block_m=bm, block_n=cbn, num_warps=nw)
+
+
+def fwd_key(c: FwdConfig, hidden: int):
+    chunk = c.block_n if c.block_n < next_pow2(hidden) else 0
+    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk)
+
+
+def fwd_name(k) -> str:
+    return f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
+
+
+def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
+    with configs.override(forward=only(hidden, kind, cfg)):
+        if z is not None:
+            return trainnorm.rms_norm_gated_forward(x, z, w)
+        return trainnorm.rms_norm_forward(x, w, residual=r)
+
+
+def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False) -> dict:
+    """{(variant, T): {key: us}} of the forward (float32 weight with w32), every
+    candidate interleaved per point; variant '' plain, 'res' with a residual,
+    'gate' gated (FWD_VARIANTS)."""
+    kind = "weight_fp32" if w32 else "plain"
+    res = {}
+    for variant in FWD_VARIANTS.get(hidden, ("",)):
+        for tokens in FWD_T:
+            x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
+            w = torch.randn(hidden, device=run.device).to(torch.float32 if w32 else torch.bfloat16)
+            r = torch.randn_like(x) if variant == "res" else None
+            z = torch.randn_like(x) if variant == "gate" else None
+            fns = {fwd_key(c, hidden): (lambda c=c, x=x, w=w, r=r, z=z: _fwd_with(c, hidden, x, w, kind, r, z))
+                   for c in cands}
+            res[(variant, tokens)] = pt = time_fns(fns, run.flush, passes=2, samples=8)
+            b = min(pt, key=pt.get)
+            run.log(f"  H{hidden}{' w32' if w32 else ''}{' ' + variant if variant else ''} T{tokens}: "
+                    f"best {fwd_name(b)} {pt[b]:.2f} us")
+            del x, w, r, z
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return res
+
+
+def _point(p) -> str:
+    return f"{p[0]} T{p[1]}" if p[0] else f"T{p[1]}"
+
+
+def tune_fwd(run: Run, widths) -> None:
+    for w32 in (False, True):
+        kind = "weight_fp32" if w32 else "plain"
+        for hidden in [h for h in widths if not w32 or h in FWD_W32_WIDTHS]:
+            prev_entry = find_entry(run.table, "forward", hidden, kind)
+            previous = config_in(run.table, "forward", hidden, kind)
+            cands = {fwd_key(c, hidden): c for c in fwd_sweep_candidates(hidden)}
+            res = sweep_fwd(run, hidden, list(cands.values()), w32)
+            k, score, worst = choose(res)
+            pk = fwd_key(previous, hidden)
+            times = ", ".join(f"{_point(t)} {res[t][k]:.2f}" for t in res)
+            prev_note = (f"; previous {fwd_name(pk)} x{score[pk]:.3f}: "
+                         + ", ".join(f"{_point(t)} {res[t][pk]:.2f}" for t in res)) if pk in score else ""
+            note = (f"{fwd_name(k)}: {times} us; x{score[k]:.3f} geomean, worst x{worst:.2f} of the best per "
+                    f"point over {len(score)}{prev_note}")
+            if prev_entry is not None and any(n.startswith("kept:") for n in prev_entry.get("notes", [])):
+                run.log(f"note: the {kind} H{hidden} entry it replaces had been kept against its sweep "
+                        f"(its 'kept:' notes are gone with it): {prev_entry['notes']}")
+            write_entry(run.table, "forward", hidden, kind, cands[k], [note])
+            run.raw[f"{kind} {hidden}"] = {"times": {_point(t): {fwd_name(kk): v for kk, v in r.items()}
+                                                     for t, r in res.items()}, "chosen": fwd_name(k)}
+            run.log(f"{kind} H{hidden}: {note}")
+            run.save("sweep-fwd.json")
+
+
+# --- command line ---------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trainnorm.dev.tune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep = p.add_mutually_exclusive_group(required=True)
+    sweep.add_argument("--sweep-bwd", action="store_true", help="the backward's tile, loads, schedule and chunking")
+    sweep.add_argument("--sweep-small", action="store_true", help="the backward's one-chunk and column-slice windows")
+    sweep.add_argument("--sweep-fwd", action="store_true", help="the forward tile over token counts 1-65536")
+    p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (the 'gated' entries)")
+    p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
+    p.add_argument("--table", default=None,
+                   help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
+    p.add_argument("--hidden", default=None, help="comma-separated widths (default: the sweep's bench widths)")
+    args = p.parse_args(argv)
+    if args.gated and not args.sweep_bwd:
+        p.error("--gated needs --sweep-bwd")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.hidden:
+        widths = [int(h) for h in args.hidden.split(",")]
+    else:
+        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd else
+                      GATED_WIDTHS if args.gated else BWD_WIDTHS)
+    if args.sweep_bwd:
+        known = SWEEP_TILES_GATED if args.gated else SWEEP_TILES
+        if any(h not in known for h in widths):
+            raise SystemExit(f"--sweep-bwd has candidate tiles for H in {sorted(known)} only")
+    if not torch.cuda.is_available():
+        raise SystemExit("tune: needs a CUDA GPU")
+    from trainnorm.bench.timing import L2Flush
+    from trainnorm.rows import arch_of
+    dev = torch.device("cuda")
+    arch = arch_of(dev)
+    os.makedirs(args.out, exist_ok=True)
+    path = table_path_for(args.out, args.table, arch)
+    log_lines = []
+
+    def log(s):
+        print(s, flush=True)
+        log_lines.append(s)
+
+    run = Run(table=start_table(path, arch), table_path=path, out=args.out, device=dev, flush=L2Flush(dev), log=log)
+    log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
+    try:
+        if args.sweep_small:
+            tune_small(run, widths)
+        elif args.sweep_fwd:
+            tune_fwd(run, widths)
+        else:
+            tune_bwd(run, widths, args.gated)
+        log(f"wrote {path}")
+    finally:
+        with open(os.path.join(args.out, "tune.txt"), "w") as f:
+            f.write("\n".join(log_lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
