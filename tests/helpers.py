@@ -3,39 +3,9 @@ import torch
 
 from trainnorm import reference
 
-TOL = dict(atol=1e-2, rtol=1e-2)
-DW_BUDGET = 0.5
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bytes of a tensor, for bitwise comparisons (NaN == NaN, -0 != +0)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def assert_bits_equal(a, b, what=""):
-    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-    assert torch.equal(bits(a), bits(b)), f"{what}: bits differ"
-
-
-def overflowed_with_ref(out, ref):
-    """Elements of out that are the infinity of the reference's sign where the float64
-    reference lies within rtol of out's dtype's largest finite value (a correct rounding)."""
-    ref = ref.double()
-    edge = ref.abs() >= torch.finfo(out.dtype).max * (1 - TOL["rtol"])
-    return edge & torch.isinf(out) & (torch.sign(out.double()) == torch.sign(ref))
-
-
-def assert_close64(out, ref, what=""):
-    """out (any dtype) within atol = rtol = 1e-2 of a float64 reference, and finite,
-    except where the reference itself lies within rtol of out's dtype's largest
-    finite value: there the rounding may overflow (e.g. an fp16 dx of rstd * g
-    with rstd = 1/sqrt(eps)), and out may also be the infinity of the reference's
-    sign. NaN (what an unwritten, NaN-poisoned element reads as) never passes."""
-    ref = ref.double()
-    overflowed = overflowed_with_ref(out, ref)
-    assert (torch.isfinite(out) | overflowed).all(), f"{what}: non-finite (unwritten?) elements"
-    torch.testing.assert_close(torch.where(overflowed, ref, out.double()), ref, **TOL,
-                               msg=lambda m: f"{what}: {m}")
+# the assertions the soak applies too (one copy, in the package)
+from trainnorm.dev.checks import (DW_BUDGET, TOL, assert_bits_equal, assert_close64, bits,  # noqa: F401
+                                  overflowed_with_ref, run_entry_points)
 
 
 def check_forward(x, weight, eps, residual, y, rstd, h):
@@ -66,26 +36,6 @@ def check_backward(dy, h, weight, rstd, dh, dx, dw, budget=DW_BUDGET):
     assert err <= budget, f"dw err/tol {err:.4f} > {budget}"
     assert err <= eager + 1e-3, f"dw err/tol {err:.4f} worse than the FP32 eager reduction's {eager:.4f}"
     return err
-
-
-def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic):
-    """(y, rstd, h, dx, dw, dgate) of one case through the explicit entry points.
-
-    extra: "" (plain), "residual" (other is the residual, dh its gradient),
-    "gate" (other is the gate, norm then gate) or "gate_first" (gate, then norm);
-    dgate is None without a gate, h is x without a residual."""
-    import trainnorm
-    if extra in ("gate", "gate_first"):
-        nbg = extra == "gate"
-        y, rstd = trainnorm.rms_norm_gated_forward(x, other, weight, eps, norm_before_gate=nbg)
-        dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, other, weight, rstd, norm_before_gate=nbg,
-                                                       deterministic=deterministic)
-        return y, rstd, x, dx, dw, dz
-    res = other if extra == "residual" else None
-    y, rstd, h = trainnorm.rms_norm_forward(x, weight, eps, residual=res)
-    dx, dw = trainnorm.rms_norm_backward(dy, h, weight, rstd, dh=dh if res is not None else None,
-                                         deterministic=deterministic)
-    return y, rstd, h, dx, dw, None
 
 
 def run_gated(x, z, w, dy, nbg, det=True, eps=1e-6, activation="silu"):
