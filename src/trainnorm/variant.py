@@ -47,11 +47,6 @@ class Variant:
         return self.gate is not None
 
     @property
-    def kind(self) -> str:
-        """The configuration tables' name for this variant's backward: "gated" or "plain"."""
-        return "gated" if self.gated else "plain"
-
-    @property
     def spec(self) -> str:
         """The non-tensor part, as the custom ops carry it: "" without a gate,
         else the activation, with ":first" when the gate comes before the norm."""
