@@ -14,8 +14,8 @@ from trainnorm.families import FAMILIES, make_case
 from trainnorm.plan import FWD_COL_UNROLL_MAX, DwForm
 from trainnorm.rows import row_views, simulate_sm_count
 
-from helpers import (assert_bits_equal, assert_close64, bwd_config, bwd_plan, check_backward, check_forward,
-                     fwd_config)
+from helpers import (DW_BUDGET, assert_bits_equal, assert_close64, bwd_config, bwd_plan, check_backward,
+                     check_forward, fwd_config)
 
 EPS = 1e-6
 # H of the tuned families, odd widths, and widths past one tile (forward 16384, backward 8192)
@@ -488,3 +488,146 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
               None if z is None else z[lo:hi])
     for a, b, n in zip((y, rstd), sub, ("y", "rstd")):
         assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
+
+
+PIECES_CASES = {   # name: (lead, hidden, make_case kwargs, gate)
+    "plain": ((37,), 96, {}, None),                      # 64 + 32 columns, none masked
+    "masked second piece": ((37,), 80, {}, None),        # 64 + 32 holding 80
+    "residual fp32 weight": ((37,), 96, {"residual": True, "weight_dtype": torch.float32}, None),
+    "per-head view": ((9, 4), 48, {"query_view": True}, None),
+    "float32": ((37,), 96, {"dtype": torch.float32}, None),
+    "gate after": ((37,), 96, {}, "after"),
+    "gate first": ((37,), 96, {}, "first"),
+}
+
+
+def pieces_configs(hidden, dtype, gated=False):
+    """Forward and backward configs holding a row as two pieces (configs.row_pieces)."""
+    b1, b2 = configs.row_pieces(hidden)
+    fwd = fwd_config(hidden, dtype, dtype).replace(block_m=2, block_n=b1, block_n2=b2, num_warps=4, tma_stages=0)
+    bwd = bwd_config(hidden, dtype, gated).replace(
+        block_m=4, block_n=b1, block_n2=b2, min_rows_per_chunk=4, max_chunks=8, dw_2d=False, prefetch=False,
+        tma_stages=0, direct_prefetch=None, direct_tma_stages=None, direct_max_rows=0, slices_max_rows=0,
+        atomic_min_rows=0)
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("name", list(PIECES_CASES))
+def test_two_piece_rows(device, use_configs, name):
+    # a row held as two power-of-two pieces (block_n2): forward and backward against FP64
+    # (one row whose float32 sum of squares overflows), dx the same bits in every dw form
+    # (one chunk, column slices, chunked) and both modes, dw reproducible on any SM count,
+    # y, rstd and dx of a row independent of the rows beside it
+    lead, hidden, kw, gate = PIECES_CASES[name]
+    case = make_case("outlier", lead, hidden, seed=17, device=device, **kw)
+    if not gate:
+        case.x.view(-1, hidden)[5] *= 1e20       # its float32 sum of squares overflows
+    dtype = case.x.dtype
+    rows = case.x.numel() // hidden
+    fwd, bwd = pieces_configs(hidden, dtype, gated=gate is not None)
+    assert fwd.col_tiles(hidden) == bwd.col_tiles(hidden) == 1 and bwd.block_n2 > 0
+    use_configs(forward=fwd, backward=bwd)
+    z = torch.randn(case.x.shape, dtype=dtype, device=device) if gate else None
+    nbg = gate == "after"
+
+    def forward(lo=0, hi=rows):
+        x2 = case.x.view(-1, hidden)[lo:hi] if case.x.dim() == 2 else case.x[lo:hi]
+        if gate:
+            return trainnorm.rms_norm_gated_forward(x2, z[lo:hi], case.weight, EPS, norm_before_gate=nbg) + (x2,)
+        r = None if case.residual is None else case.residual[lo:hi]
+        y, rstd, h = trainnorm.rms_norm_forward(x2, case.weight, EPS, residual=r)
+        return y, rstd, h if r is not None else x2
+
+    def backward(h, rstd, det=True, sms=None, **win):
+        ctx = simulate_sm_count(sms) if sms else contextlib.nullcontext()
+        with configs.override(backward=bwd.replace(**win)), ctx:
+            if gate:
+                dx, dz, dw = trainnorm.rms_norm_gated_backward(case.dy, h, z, case.weight, rstd,
+                                                               norm_before_gate=nbg, deterministic=det)
+                return dx, dw, dz
+            return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
+
+    y, rstd, h = forward()
+    if gate:
+        y64, rstd64, _ = reference.forward_fp64(case.x, case.weight, EPS, None, z, nbg)
+        assert_close64(y, y64, "y")
+        assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
+    else:
+        check_forward(case.x, case.weight, EPS, case.residual, y, rstd,
+                      h if case.residual is not None else torch.empty(0))
+    sub = forward(3, 10) if case.x.dim() == 2 else None
+    if sub is not None:
+        assert_bits_equal(y[3:10], sub[0], "y rows 3:10")
+        assert_bits_equal(rstd[3:10], sub[1], "rstd rows 3:10")
+
+    chunked = backward(h, rstd)
+    assert bwd_plan(rows, hidden, dtype, True, True, gate is not None).dw == DwForm.PARTIAL
+    # the atomic form takes no two-piece row: deterministic=False also sums the partials
+    assert bwd_plan(rows, hidden, dtype, False, True, gate is not None).dw == DwForm.PARTIAL
+    if gate:
+        dx64, dw64, dz64 = reference.backward_fp64(case.dy, h, case.weight, rstd, None, z, nbg)
+        assert_close64(chunked[0], dx64, "dx")
+        assert_close64(chunked[2], dz64, "dz")
+        assert reference.dw_err_over_tol(chunked[1], dw64) <= DW_BUDGET
+    else:
+        check_backward(case.dy, h, case.weight, rstd, case.dh, *chunked)
+    for win in ({"direct_max_rows": rows}, {"slices_max_rows": rows, "slice_block_n": 32},
+                {"slices_max_rows": rows, "split_roles": True}):
+        out = backward(h, rstd, **win)
+        for a, b, n in zip(chunked, out, ("dx", "dw", "dz")):
+            if n != "dw":
+                assert_bits_equal(a, b, f"{n} with {win} vs chunked")
+        assert float((out[1].double() - chunked[1].double()).norm() / chunked[1].double().norm()) < 1e-6
+    for det, sms in ((False, None), (True, 1), (True, 3)):
+        out = backward(h, rstd, det, sms)
+        for a, b, n in zip(chunked, out, ("dx", "dw", "dz")):
+            assert_bits_equal(a, b, f"{n} det={det} sms={sms}")
+
+
+def test_two_piece_configs():
+    # pieces are powers of two; a two-piece tile must hold the row and reads it with plain loads
+    assert configs.row_pieces(5120) == (4096, 1024) and configs.row_pieces(6144) == (4096, 2048)
+    assert configs.row_pieces(1000) == (512, 512) and configs.row_pieces(4096) == (4096, 0)
+    assert configs.row_pieces(1) == (1, 0)
+    tile = dict(block_m=1, block_n=4096, num_warps=8, min_rows_per_chunk=1, max_chunks=132)
+    with pytest.raises(ValueError, match="block_n2"):
+        configs.BwdConfig.from_fields(**tile, block_n2=1000)
+    with pytest.raises(ValueError, match="block_n2"):
+        configs.BwdConfig.from_fields(**tile, block_n2=8192)
+    with pytest.raises(ValueError, match="dw_2d"):
+        configs.BwdConfig.from_fields(**tile, block_n2=1024, dw_2d=True)
+    with pytest.raises(ValueError, match="plain loads"):
+        configs.BwdConfig.from_fields(**tile, block_n2=1024, tma_stages=3)
+    with pytest.raises(ValueError, match="plain loads"):
+        configs.FwdConfig.from_fields(block_m=1, block_n=4096, block_n2=1024, num_warps=8, tma_stages=3)
+    cfg = configs.BwdConfig.from_fields(**tile, block_n2=1024, loop_stages=3)
+    assert cfg.col_tiles(5120) == 1
+    with pytest.raises(ValueError, match="cannot hold H 5121"):
+        cfg.col_tiles(5121)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_roles_and_loop_stages_same_bits(device, use_configs, gated):
+    # the column-slice form's programs taking one role each (split_roles), and the row loop
+    # pipelined by the compiler (loop_stages), only change when the work is done: same bits
+    hidden, rows = 96, 37
+    case = make_case("outlier", (rows,), hidden, seed=19, device=device)
+    z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gated else None
+    base = bwd_config(hidden, torch.bfloat16, gated).replace(
+        block_m=4, min_rows_per_chunk=4, max_chunks=8, tma_stages=0, prefetch=False, dw_2d=False,
+        direct_max_rows=0, slices_max_rows=rows, slice_block_n=32)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
+    outs = {}
+    for name, kw in (("shared", {}), ("split", {"split_roles": True}), ("stages", {"loop_stages": 3}),
+                     ("chunked stages", {"slices_max_rows": 0, "loop_stages": 2}),
+                     ("chunked", {"slices_max_rows": 0})):
+        with configs.override(backward=base.replace(**kw)):
+            if gated:
+                outs[name] = trainnorm.rms_norm_gated_backward(case.dy, h, z, case.weight, rstd)
+            else:
+                outs[name] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd)
+    for a, b in (("shared", "split"), ("shared", "stages"), ("chunked", "chunked stages")):
+        for u, v in zip(outs[a], outs[b]):
+            assert_bits_equal(u, v, f"{b} vs {a}")
+    if not gated:
+        check_backward(case.dy, h, case.weight, rstd, None, *outs["split"])

@@ -54,7 +54,8 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
                 desc_x, desc_r, grid = None, None, tiles
             fwd_one_tile_kernel[(grid,)](
                 xv, rv, zv, weight, y, h_out, rstd, desc_x, desc_r, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
-                eps, TMA_STAGES=stages or None, EARLY_WEIGHT=bool(stages) or plan.early_weight, **common)
+                eps, BLOCK_N2=cfg.block_n2, TMA_STAGES=stages or None,
+                EARLY_WEIGHT=bool(stages) or plan.early_weight, **common)
         else:
             fwd_col_tiles_kernel[(cdiv(rows, cfg.block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
@@ -115,20 +116,34 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     else:
         desc_dy = desc_h = None
     slices = plan.dw is DwForm.COL_SLICES
-    programs = max(plan.num_chunks, cdiv(hidden, cfg.slice_block_n)) if slices else plan.num_chunks
-    grid = (min(programs, cfg.ctas_per_sm * sm_count(h.device)),)
+    most = cfg.ctas_per_sm * sm_count(h.device)
+    grid = (min(plan.num_chunks, most),)
+    if slices:
+        n_slices = cdiv(hidden, cfg.slice_block_n)
+        if cfg.split_roles:     # programs [0, row_programs) take rows, the rest slices
+            row_programs = slice_start = grid[0]
+            grid = (row_programs + min(n_slices, most),)
+        else:                   # every program takes rows, then slices
+            grid = (min(max(plan.num_chunks, n_slices), most),)
+            row_programs, slice_start = grid[0], 0
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dz if gate is not None else None)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps)
-    loads = dict(PREFETCH=prefetch and not stages, TMA_STAGES=stages or None)
+    if stages:
+        loads = dict(LOADS="tma", STAGES=stages)
+    else:
+        loads = dict(LOADS="prefetch" if prefetch else "plain", STAGES=cfg.loop_stages or None)
     with device_guard(h):
         if slices:
-            bwd_col_slices_kernel[grid](*tensors, dw, desc_dy, desc_h, *sizes, COL_TILES=plan.col_tiles,
-                                        DW_BM=cfg.slice_block_m, DW_BN=cfg.slice_block_n, **loads, **common)
+            bwd_col_slices_kernel[grid](*tensors, dw, desc_dy, desc_h, *sizes, row_programs, slice_start,
+                                        BLOCK_N2=cfg.block_n2,
+                                        COL_TILES=plan.col_tiles, DW_BM=cfg.slice_block_m, DW_BN=cfg.slice_block_n,
+                                        **loads, **common)
         elif plan.col_tiles == 1:
             bwd_one_tile_kernel[grid](*tensors, dw if need_dw else None, partial, counter, desc_dy, desc_h, *sizes,
-                                      DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d, **loads, **common)
+                                      BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d, **loads,
+                                      **common)
         else:
             bwd_col_tiles_kernel[grid](*tensors, partial, *sizes, COL_TILES=plan.col_tiles, **common)
         if plan.dw is DwForm.PARTIAL:

@@ -23,7 +23,8 @@ and the row-count windows between them (configs.BwdWindows):
 
     rows <= direct_max_rows (and the row fits one tile)      -> DIRECT
     rows <= slices_max_rows                                  -> COL_SLICES
-    deterministic=False, rows >= atomic_min_rows, one tile   -> ATOMIC
+    deterministic=False, rows >= atomic_min_rows, one tile
+                         of one piece (configs: block_n2 0)      -> ATOMIC
     otherwise                                                -> PARTIAL
 
 Every form computes dx with the same tile, so dx is the same bits in every
@@ -157,6 +158,8 @@ def _backward_plan(rows: int, hidden: int, elt: int, gated: bool, deterministic:
         dw = DwForm.COL_SLICES   # small T: dw by column slices in the same launch
     elif col_tiles > 1:
         dw = DwForm.PARTIAL      # wide rows accumulate each chunk's partial in place
+    elif cfg.block_n2:
+        dw = DwForm.PARTIAL      # the atomic form adds one piece: a two-piece row takes the partials
     elif deterministic or rows < win.atomic_min_rows:
         dw = DwForm.PARTIAL      # deterministic=False too, where the atomic form is not faster
     else:

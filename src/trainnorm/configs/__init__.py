@@ -106,14 +106,47 @@ class _Parts:
         return [getattr(self, f.name) for f in fields(self)]
 
 
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def row_pieces(hidden: int) -> tuple[int, int]:
+    """(block_n, block_n2): a row held as two power-of-two pieces with the fewest
+    masked columns, 5120 = 4096 + 1024, 6144 = 4096 + 2048, 1000 = 512 + 512;
+    (H, 0) for a power of two."""
+    first = prev_pow2(hidden)
+    return (first, 0) if first == hidden else (first, next_pow2(hidden - first))
+
+
+def _check_pieces(tile) -> None:
+    if tile.block_n2 and (tile.block_n2 & (tile.block_n2 - 1) or tile.block_n2 > tile.block_n):
+        raise ValueError(f"block_n2 must be 0 or a power of two no wider than block_n ({tile.block_n}), "
+                         f"got {tile.block_n2}")
+
+
+def _col_tiles(tile, hidden: int) -> int:
+    if tile.block_n2:
+        if hidden > tile.block_n + tile.block_n2:
+            raise ValueError(f"a two-piece tile of {tile.block_n} + {tile.block_n2} columns cannot hold H {hidden}")
+        return 1
+    return cdiv(hidden, tile.block_n)
+
+
 @dataclass(frozen=True)
 class FwdTile:
     block_m: int        # rows per tile
     block_n: int        # columns per tile (power of two); narrower than H: rows walked in column tiles
     num_warps: int
+    # the row's second piece: block_n2 columns after the first block_n (power of two; 0:
+    # none). A row of 5120 is held as 4096 + 1024 columns, none masked, instead of one
+    # tile of 8192 (kernels: BLOCK_N2)
+    block_n2: int = 0
+
+    def __post_init__(self):
+        _check_pieces(self)
 
     def col_tiles(self, hidden: int) -> int:
-        return cdiv(hidden, self.block_n)
+        return _col_tiles(self, hidden)
 
 
 @dataclass(frozen=True)
@@ -130,6 +163,11 @@ class FwdSchedule:
 class FwdConfig(_Parts):
     tile: FwdTile
     schedule: FwdSchedule = FwdSchedule()
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tile.block_n2 and self.schedule.tma_stages:
+            raise ValueError("a two-piece tile (block_n2) reads its rows with plain loads: no tensor descriptors")
 
     def col_tiles(self, hidden: int) -> int:
         return self.tile.col_tiles(hidden)
@@ -149,9 +187,16 @@ class BwdTile:
     # slices of slice_block_n columns (kernels/backward.py, bwd_col_slices_kernel)
     slice_block_m: int = 16
     slice_block_n: int = 128
+    # the row's second piece, as FwdTile.block_n2 (not with dw_2d)
+    block_n2: int = 0
+
+    def __post_init__(self):
+        _check_pieces(self)
+        if self.block_n2 and self.dw_2d:
+            raise ValueError("a two-piece tile (block_n2) keeps no dw_2d sums")
 
     def col_tiles(self, hidden: int) -> int:
-        return cdiv(hidden, self.block_n)
+        return _col_tiles(self, hidden)
 
 
 @dataclass(frozen=True)
@@ -179,6 +224,13 @@ class BwdSchedule:
     # the one-chunk form's own loads; None: the fields above
     direct_prefetch: bool | None = None
     direct_tma_stages: int | None = None
+    # plain loads (no tensor descriptors): the row loop software-pipelined this
+    # many stages by the compiler (num_stages); 0: not pipelined
+    loop_stages: int = 0
+    # the column-slice form: programs that take rows and programs that take dw's
+    # column slices, rather than every program both in turn (the launch's critical
+    # path the longer of the two roles, not their sum)
+    split_roles: bool = False
 
     def loads(self, one_chunk: bool) -> tuple[bool, int]:
         """(prefetch, tma_stages) requested for a launch of one chunk or of several."""
@@ -193,6 +245,13 @@ class BwdConfig(_Parts):
     tile: BwdTile
     windows: BwdWindows = BwdWindows()
     schedule: BwdSchedule = BwdSchedule()
+
+    def __post_init__(self):
+        super().__post_init__()
+        s = self.schedule
+        if self.tile.block_n2 and (s.prefetch or s.tma_stages or s.direct_prefetch or s.direct_tma_stages):
+            raise ValueError("a two-piece tile (block_n2) reads its rows with plain loads: no prefetch or "
+                             "tensor descriptors (loop_stages pipelines them)")
 
     def col_tiles(self, hidden: int) -> int:
         return self.tile.col_tiles(hidden)

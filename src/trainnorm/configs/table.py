@@ -66,13 +66,12 @@ def to_config(op: str, entry: dict):
 
 def to_entry(op: str, hidden: int, elt: int, kind: str, cfg, notes=()) -> dict:
     """The stored form of a config: its parts, each with the fields that differ from the part's defaults
-    (the tile in full)."""
+    (and the tile's fields that have none)."""
     entry = {"hidden": hidden, "elt": elt, "kind": kind}
     for f in fields(cfg):
         part = getattr(cfg, f.name)
-        vals = {pf.name: getattr(part, pf.name) for pf in fields(part)}
-        if f.name != "tile":
-            vals = {k: v for k, v in vals.items() if v != next(x for x in fields(part) if x.name == k).default}
+        vals = {pf.name: getattr(part, pf.name) for pf in fields(part)
+                if getattr(part, pf.name) != pf.default}
         if vals:
             entry[f.name] = vals
     entry["notes"] = list(notes)

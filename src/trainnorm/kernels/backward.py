@@ -33,23 +33,29 @@ The forms (plan.py picks one; its DwForm names how dw is delivered):
   "atomic" (each program adds its float64 sum atomically into a zeroed
   accumulator; the last program to arrive rounds it into DW and re-zeroes it:
   one launch, last bits may vary, deterministic=False only) or "direct" (one
-  chunk, stored straight to DW). Row-tile loads: plain, PREFETCH (the next
-  tile's loads issued before the current one is computed) or TMA_STAGES
-  (tensor descriptors DESC_H, DESC_DY, pipelined that deep). With DW_2D each
-  tile position keeps its own float64 dw sum and the tile's rows are added
-  together once per chunk rather than once per tile (another order of dw's
-  additions, a function of the chunking and the tile; dx does not change).
+  chunk, stored straight to DW). Row-tile loads (LOADS): "plain", "prefetch"
+  (the next tile's loads issued before the current one is computed) or "tma"
+  (tensor descriptors DESC_H, DESC_DY); the row loop is software-pipelined
+  STAGES deep (None: not). With DW_2D each tile position keeps its own
+  float64 dw sum and the tile's rows are added together once per chunk
+  rather than once per tile (another order of dw's additions, a function of
+  the chunking and the tile; dx does not change). With BLOCK_N2 > 0 a row is
+  held as two pieces, BLOCK_N columns and then BLOCK_N2 (plain loads; 5120 =
+  4096 + 1024 holds no masked column where one tile would hold 8192): c is
+  the sum of the two pieces' sums, and each piece keeps its own dw sum.
 - `bwd_col_tiles_kernel`: rows too wide for one tile, walked in COL_TILES
   column tiles twice (c, then dx); the chunk's partial is accumulated in
   place in PARTIAL. DW_FORM "none" or "partial".
 - `bwd_col_slices_kernel` (small T, where a second launch costs more than
-  the work): the row loop of either form above without dw, then dw by column
-  slices in the same launch: the program takes slices pid, pid + grid, ... of DW_BN
-  columns and adds, for each, the terms of every row, DW_BM rows at a time in
-  row order (float64, rounded once). dw needs no c, so no program waits for
-  another: one launch, no workspace, the same form in both modes, every slice
-  computed the same way whatever the grid. dy and h are read a second time
-  (from L2 at these sizes).
+  the work): the row loop of either form above without dw, and dw by column
+  slices in the same launch: a slice of DW_BN columns adds the terms of every
+  row, DW_BM rows at a time in row order (float64, rounded once). dw needs no
+  c, so no program waits for another: one launch, no workspace, the same form
+  in both modes, every slice computed the same way whatever the grid. The
+  programs share the roles (each takes its rows, then its slices) or split
+  them (rows in some programs, slices in the others: the launch then lasts
+  the longer of the two, not their sum); the bits are the same. dy and h are
+  read a second time (from L2 at these sizes).
 
 The row reduction (c) uses the same tile shape whatever the form, chunking
 or number of rows, so dx is bitwise identical across forms and modes and
@@ -144,27 +150,44 @@ def _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n, m_n, NH, stride_ht, strid
 
 
 @triton.jit
-def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_dw, b_dw2, row_start, row_end, n_cols, NH,
-                stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr,
-                GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, PREFETCH: tl.constexpr,
-                TMA_STAGES: tl.constexpr, DW_2D: tl.constexpr):
+def _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """f32 h, dy, a(z), a'(z), uhat and g of a tile (or piece) as loaded."""
+    b_h = r_h.to(tl.float32)
+    b_dy = r_dy.to(tl.float32)
+    if GATE is not None:
+        b_a, b_da = gate_activation(r_z.to(tl.float32), GATE)
+    else:
+        b_a, b_da = b_h, b_h
+    b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
+    return b_h, b_dy, b_a, b_da, b_xhat, b_g
+
+
+@triton.jit
+def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2, b_dwb, row_start, row_end,
+                n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, LOADS: tl.constexpr,
+                STAGES: tl.constexpr, DW_2D: tl.constexpr):
     """One chunk of rows that fit one tile: dx (dz) stored, dw's terms added to
-    b_dw (or, with DW_2D, to b_dw2 per tile position) with NEED_DW."""
+    b_dw (or, with DW_2D, to b_dw2 per tile position; the second piece's to
+    b_dwb) with NEED_DW."""
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
     m_n = o_n < n_cols
     wide = HX.dtype.element_ty.primitive_bitwidth > 16
-    if PREFETCH:
+    if BLOCK_N2 > 0:
+        o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
+        m_n2 = o_n2 < n_cols
+    if LOADS == "prefetch":
         p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, row_start + o_mb, row_end, o_n, m_n, NH,
                                                 stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                 stride_zt, stride_zh, TWO_LEVEL)
-    for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=TMA_STAGES):
+    for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=STAGES):
         o_m = m0 + o_mb
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
-        if TMA_STAGES is not None:
-            # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the
+        if LOADS == "tma":
+            # bulk tensor copies into shared memory, STAGES tiles in flight (the
             # compiler's software pipeline); rows and columns past the tensor read as zero
             r_h = DESC_H.load([m0, 0])
             r_dy = DESC_DY.load([m0, 0])
@@ -174,7 +197,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_dw, b_dw
                 r_z = tl.load(Z + o_z, mask=mask, other=0.0)
             else:
                 r_z = r_h
-        elif PREFETCH:
+        elif LOADS == "prefetch":
             # this tile was loaded during the previous one; issue the next tile's loads now
             # (masked off past the chunk), so they are in flight while this one is computed
             r_h, r_dy, r_rstd, r_z = p_h, p_dy, p_rstd, p_z
@@ -185,15 +208,17 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_dw, b_dw
             r_h, r_dy, r_rstd, r_z = _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n, m_n, NH,
                                                     stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                     stride_zt, stride_zh, TWO_LEVEL)
-        b_h = r_h.to(tl.float32)
-        b_dy = r_dy.to(tl.float32)
         b_rstd = r_rstd
-        if GATE is not None:
-            b_a, b_da = gate_activation(r_z.to(tl.float32), GATE)
-        else:
-            b_a, b_da = b_h, b_h
-        b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
-        b_c = tl.sum(b_g * b_xhat, axis=1) / n_cols
+        b_h, b_dy, b_a, b_da, b_xhat, b_g = _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE, GATE_FIRST)
+        b_s = tl.sum(b_g * b_xhat, axis=1)
+        if BLOCK_N2 > 0:
+            # the row's second piece (plain loads): its sum joins the first piece's
+            mask2 = m_m[:, None] & m_n2[None, :]
+            q_h, q_dy, _, q_z = _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n2, m_n2, NH, stride_ht, stride_hh,
+                                               stride_dyt, stride_dyh, stride_zt, stride_zh, TWO_LEVEL)
+            q_h, q_dy, q_a, q_da, q_xhat, q_g = _tile_terms(q_h, q_dy, q_z, b_rstd, W, b_w2, GATE, GATE_FIRST)
+            b_s += tl.sum(q_g * q_xhat, axis=1)
+        b_c = b_s / n_cols
         _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DZ, o_m, o_n, mask,
                            n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
         if NEED_DW:
@@ -201,17 +226,23 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_dw, b_dw
                 b_dw2 += _dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide)
             else:
                 b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
-    return b_dw, b_dw2
+        if BLOCK_N2 > 0:
+            _store_input_grads(q_h, q_dy, b_rstd, W, b_w2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DZ, o_m, o_n2,
+                               mask2, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
+            if NEED_DW:
+                b_dwb += tl.sum(_dw_terms(q_dy, q_h, b_rstd, q_a, GATE, wide), axis=0)
+    return b_dw, b_dw2, b_dwb
 
 
 @triton.jit
-def _load_weight(W, BLOCK_N: tl.constexpr, n_cols):
-    """f32 w as [1, BLOCK_N] (zeros without a weight: a Triton function returns no None)."""
-    if W is not None:
-        o_n = tl.arange(0, BLOCK_N)
+def _load_weight(W, COL0: tl.constexpr, BLOCK_N: tl.constexpr, n_cols):
+    """f32 w of columns COL0 + [0, BLOCK_N) as [1, BLOCK_N] (zeros without a weight, or
+    for an absent piece, BLOCK_N 0: a Triton function returns no None)."""
+    if W is not None and BLOCK_N > 0:
+        o_n = COL0 + tl.arange(0, BLOCK_N)
         b_w = tl.load(W + o_n, mask=o_n < n_cols, other=0.0).to(tl.float32)[None, :]
     else:
-        b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+        b_w = tl.zeros([1, 1], dtype=tl.float32)
     return b_w
 
 
@@ -241,6 +272,21 @@ def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw):
 
 
 @triton.jit
+def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, F32: tl.constexpr):
+    """Store dw's sums of both pieces at DW (rounded to float32 with F32)."""
+    if F32:
+        tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
+    else:
+        tl.store(DW + o_n, b_dw, mask=m_n)
+    if BLOCK_N2 > 0:
+        o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
+        if F32:
+            tl.store(DW + o_n2, b_dwb.to(tl.float32), mask=o_n2 < n_cols)
+        else:
+            tl.store(DW + o_n2, b_dwb, mask=o_n2 < n_cols)
+
+
+@triton.jit
 def bwd_one_tile_kernel(
     DY, HX, Z, W, RSTD, DH, DX, DZ, DW, PARTIAL, COUNTER, DESC_DY, DESC_H,
     rows, n_cols, NH,
@@ -248,19 +294,25 @@ def bwd_one_tile_kernel(
     rows_per_chunk, num_chunks,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     DW_FORM: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    TMA_STAGES: tl.constexpr,
+    LOADS: tl.constexpr,
+    STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
-    b_w = _load_weight(W, BLOCK_N, n_cols)
+    b_w = _load_weight(W, 0, BLOCK_N, n_cols)
+    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols)
     b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
+    if BLOCK_N2 > 0:
+        b_dwb = tl.zeros([BLOCK_N2], dtype=tl.float64)
+    else:
+        b_dwb = tl.zeros([1], dtype=tl.float64)
     if DW_2D:
         b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
     else:
@@ -268,19 +320,22 @@ def bwd_one_tile_kernel(
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
         row_start = chunk * rows_per_chunk
         row_end = tl.minimum(row_start + rows_per_chunk, rows)
-        b_dw, b_dw2 = _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_dw, b_dw2, row_start, row_end,
-                                  n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh,
-                                  stride_dht, stride_dhh, BLOCK_M, BLOCK_N, TWO_LEVEL, GATE, GATE_FIRST,
-                                  DW_FORM != "none", PREFETCH, TMA_STAGES, DW_2D)
+        b_dw, b_dw2, b_dwb = _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2,
+                                         b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
+                                         stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
+                                         BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
+                                         DW_2D)
         if DW_2D and DW_FORM != "atomic":
             b_dw = tl.sum(b_dw2, axis=0)
             b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
         if DW_FORM == "partial":
-            tl.store(PARTIAL + chunk * n_cols + o_n, b_dw, mask=m_n)
+            _store_dw(PARTIAL + chunk * n_cols, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, False)
             b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
+            b_dwb = tl.zeros_like(b_dwb)
         elif DW_FORM == "direct":
-            tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
+            _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, True)
     if DW_FORM == "atomic":
+        # (plan.py takes no two-piece tile here)
         if DW_2D:
             b_dw = tl.sum(b_dw2, axis=0)
         _add_and_finish(DW, PARTIAL, COUNTER, o_n, m_n, b_dw)
@@ -384,51 +439,58 @@ def bwd_col_slices_kernel(
     DY, HX, Z, W, RSTD, DH, DX, DZ, DW, DESC_DY, DESC_H,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
-    rows_per_chunk, num_chunks,
+    rows_per_chunk, num_chunks, row_programs, slice_start,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
     COL_TILES: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    TMA_STAGES: tl.constexpr,
+    LOADS: tl.constexpr,
+    STAGES: tl.constexpr,
     DW_BM: tl.constexpr,
     DW_BN: tl.constexpr,
 ):
+    """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
+    grid) the column slices: slice_start 0 gives every program both roles, one
+    after the other; slice_start = row_programs gives each program one role."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    if COL_TILES == 1:
-        b_w = _load_weight(W, BLOCK_N, n_cols)
-    b_none = tl.zeros([1, 1], dtype=tl.float64)
-    for chunk in tl.range(pid, num_chunks, grid):
-        row_start = chunk * rows_per_chunk
-        row_end = tl.minimum(row_start + rows_per_chunk, rows)
+    if pid < row_programs:
         if COL_TILES == 1:
-            _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_none, b_none, row_start, row_end,
-                        n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh,
-                        stride_dht, stride_dhh, BLOCK_M, BLOCK_N, TWO_LEVEL, GATE, GATE_FIRST,
-                        False, PREFETCH, TMA_STAGES, False)
-        else:
-            _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, None, row_start, row_end, n_cols, NH,
-                             stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
-                             stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST)
-    # dw by column slices, each over all rows in row order (see above)
-    wide = HX.dtype.element_ty.primitive_bitwidth > 16
-    o_cn = tl.arange(0, DW_BN)
-    o_cm = tl.arange(0, DW_BM)
-    for sl in tl.range(pid, tl.cdiv(n_cols, DW_BN), grid):
-        o_c = sl * DW_BN + o_cn
-        m_c = o_c < n_cols
-        b_sum = tl.zeros([DW_BN], dtype=tl.float64)
-        for s0 in tl.range(0, rows, DW_BM):
-            o_m = s0 + o_cm
-            m_m = o_m < rows
-            mask = m_m[:, None] & m_c[None, :]
-            b_h, b_dy, _, b_a, _ = _load_col_tile(
-                HX, DY, Z, None, row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None],
-                row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None],
-                row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None], o_c, mask, m_c, GATE)
-            b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
-            b_sum += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
-        tl.store(DW + o_c, b_sum.to(tl.float32), mask=m_c)
+            b_w = _load_weight(W, 0, BLOCK_N, n_cols)
+            b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols)
+        b_none = tl.zeros([1, 1], dtype=tl.float64)
+        for chunk in tl.range(pid, num_chunks, row_programs):
+            row_start = chunk * rows_per_chunk
+            row_end = tl.minimum(row_start + rows_per_chunk, rows)
+            if COL_TILES == 1:
+                _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_none, b_none, b_none,
+                            row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt,
+                            stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE,
+                            GATE_FIRST, False, LOADS, STAGES, False)
+            else:
+                _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, None, row_start, row_end, n_cols, NH,
+                                 stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
+                                 stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST)
+    if pid >= slice_start:
+        # dw by column slices, each over all rows in row order (see above)
+        wide = HX.dtype.element_ty.primitive_bitwidth > 16
+        o_cn = tl.arange(0, DW_BN)
+        o_cm = tl.arange(0, DW_BM)
+        for sl in tl.range(pid - slice_start, tl.cdiv(n_cols, DW_BN), grid - slice_start):
+            o_c = sl * DW_BN + o_cn
+            m_c = o_c < n_cols
+            b_sum = tl.zeros([DW_BN], dtype=tl.float64)
+            for s0 in tl.range(0, rows, DW_BM):
+                o_m = s0 + o_cm
+                m_m = o_m < rows
+                mask = m_m[:, None] & m_c[None, :]
+                b_h, b_dy, _, b_a, _ = _load_col_tile(
+                    HX, DY, Z, None, row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None],
+                    row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None],
+                    row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None], o_c, mask, m_c, GATE)
+                b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
+                b_sum += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
+            tl.store(DW + o_c, b_sum.to(tl.float32), mask=m_c)

@@ -88,15 +88,21 @@ def rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps):
 
 
 @triton.jit
-def rstd_of_rows(b_u, n_cols, eps):
-    """rstd of each row of a tile holding whole rows (float32 u). The scaled sum
-    is formed only when some row of the tile overflowed: a tile of ordinary
-    rows does exactly what rstd_from_sumsq does."""
+def rstd_of_rows(b_u, b_u2, n_cols, eps):
+    """rstd of each row of a tile holding whole rows (float32 u; b_u2 the rows'
+    second piece, or None). The scaled sum is formed only when some row of the
+    tile overflowed: a tile of ordinary rows does exactly what rstd_from_sumsq does."""
     b_ss = tl.sum(b_u * b_u, axis=1)
+    if b_u2 is not None:
+        b_ss += tl.sum(b_u2 * b_u2, axis=1)
     b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
     if tl.max(b_ss, axis=0) == float("inf"):
         b_s = b_u * SCALE_DOWN
-        b_rstd = rstd_from_sums(b_ss, tl.sum(b_s * b_s, axis=1), n_cols, eps)
+        b_ss_scaled = tl.sum(b_s * b_s, axis=1)
+        if b_u2 is not None:
+            b_s2 = b_u2 * SCALE_DOWN
+            b_ss_scaled += tl.sum(b_s2 * b_s2, axis=1)
+        b_rstd = rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps)
     return b_rstd
 
 

@@ -24,7 +24,9 @@ The forms (plan.py picks one from the row width and the tile):
   few programs per SM: several row tiles in flight per program without
   holding registers. Without it the grid has one program per tile. Every tile
   is computed the same way in both load forms, whichever program takes it:
-  the bits do not change.
+  the bits do not change. With BLOCK_N2 > 0 a row is held as two pieces of
+  BLOCK_N and BLOCK_N2 columns (plain loads), its sum of squares the sum of
+  the pieces' sums: 5120 = 4096 + 1024 in one pass, no column masked.
 - `fwd_col_tiles_kernel`: wider rows, walked in COL_TILES tiles twice (sum of
   squares, then normalise; the second walk re-reads x, and r, which the first
   left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of a
@@ -65,6 +67,17 @@ def _normalise(b_h, b_rstd, b_w, b_a, GATE_AFTER: tl.constexpr):
 
 
 @triton.jit
+def _with_gate(b_h, Z, o_z, mask, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """(u, a(z)) of a tile of f32 h: u = h, times a(z) with GATE_FIRST (a is h without a gate)."""
+    b_a = b_h
+    if GATE is not None:
+        b_a, _ = load_gate(Z, o_z, mask, GATE)
+        if GATE_FIRST:
+            b_h = b_h * b_a
+    return b_h, b_a
+
+
+@triton.jit
 def fwd_one_tile_kernel(
     X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R,
     rows, n_cols, NH,
@@ -72,6 +85,7 @@ def fwd_one_tile_kernel(
     eps,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
@@ -82,8 +96,13 @@ def fwd_one_tile_kernel(
     o_mb = tl.arange(0, BLOCK_M)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
+    if BLOCK_N2 > 0:
+        o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
+        m_n2 = o_n2 < n_cols
     if W is not None and EARLY_WEIGHT:
         b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        if BLOCK_N2 > 0:
+            b_w2 = tl.load(W + o_n2, mask=m_n2, other=0.0).to(tl.float32)[None, :]
     else:
         b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
     for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
@@ -104,12 +123,15 @@ def fwd_one_tile_kernel(
             b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, True)
         else:
             b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :], mask, True)
-        b_a = b_h
-        if GATE is not None:
-            b_a, _ = load_gate(Z, o_z + o_n[None, :], mask, GATE)
-            if GATE_FIRST:
-                b_h = b_h * b_a
-        b_rstd = rstd_of_rows(b_h, n_cols, eps)
+        b_h, b_a = _with_gate(b_h, Z, o_z + o_n[None, :], mask, GATE, GATE_FIRST)
+        if BLOCK_N2 > 0:
+            # the row's second piece (plain loads)
+            mask2 = m_m[:, None] & m_n2[None, :]
+            q_h = load_h(X, R, H_OUT, o_x + o_n2[None, :], o_r + o_n2[None, :], o_out + o_n2[None, :], mask2, True)
+            q_h, q_a = _with_gate(q_h, Z, o_z + o_n2[None, :], mask2, GATE, GATE_FIRST)
+            b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
+        else:
+            b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
         if W is not None:
             if EARLY_WEIGHT:
                 b_wt = b_w
@@ -119,6 +141,16 @@ def fwd_one_tile_kernel(
             b_wt = None
         b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE is not None and not GATE_FIRST)
         tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
+        if BLOCK_N2 > 0:
+            if W is not None:
+                if EARLY_WEIGHT:
+                    q_wt = b_w2
+                else:
+                    q_wt = tl.load(W + o_n2, mask=m_n2, other=0.0).to(tl.float32)[None, :]
+            else:
+                q_wt = None
+            q_y = _normalise(q_h, b_rstd, q_wt, q_a, GATE is not None and not GATE_FIRST)
+            tl.store(Y + o_out + o_n2[None, :], round_to(q_y, Y.dtype.element_ty), mask=mask2)
         tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
@@ -162,11 +194,7 @@ def fwd_col_tiles_kernel(
         # h is recomputed from x (+ r) rather than re-read from H_OUT: no
         # ordering between this program's own stores and loads is needed.
         b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, False)
-        b_a = b_h
-        if GATE is not None:
-            b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
-            if GATE_FIRST:
-                b_h = b_h * b_a
+        b_h, b_a = _with_gate(b_h, Z, o_z + o_c[None, :], mask, GATE, GATE_FIRST)
         if W is not None:
             b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
         else:
