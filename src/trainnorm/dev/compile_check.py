@@ -9,13 +9,13 @@ each distinct form with Triton for an sm_90 target and runs Triton's bundled
 ptxas with -v on the PTX: registers and spill bytes per form. A form that does
 not compile, or that spills, is reported and the exit status is 1.
 
-    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices]
+    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces]
 
 Besides the forms the table's plans launch (every measured width, odd and
 wide widths, dtypes, residual, gate in both orders, per-head views, both dw
 modes at row counts that reach every dw form), it compiles those the tuner
 times: the column-slice tiles of --sweep-small, the forward's descriptor
-depths and its two-pass tiles of --sweep-fwd (each config through
+depths and its two-pass tiles of --sweep-fwd, the two-piece rows of both (each config through
 configs.override): about 2000 forms, ten minutes on two CPU cores (--jobs
 processes compile in parallel). --quick compiles a few forms of every kernel
 and dw form (seconds). Triton's interpreter must be off: the command restarts
@@ -24,6 +24,7 @@ itself without TRITON_INTERPRET when it is set.
 from __future__ import annotations
 
 import argparse
+import itertools
 import contextlib
 import os
 import re
@@ -236,6 +237,34 @@ def exercise_fwd_tiles(widths=None, limit=None):
                     trainnorm.rms_norm_gated_forward(x, r, w)
 
 
+def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):
+    """Rows held as two pieces: the backward's and the forward's candidates that
+    trainnorm.dev.tune --sweep-bwd / --sweep-fwd time (the first `limit` of each width's),
+    in every dw form, with a residual and a gate."""
+    import trainnorm
+    from trainnorm import configs
+    from trainnorm.dev.tune import PIECE_LOOP_STAGES, SWEEP_TILES, bwd_candidate, fwd_sweep_candidates
+    for hidden in widths:
+        tiles = SWEEP_TILES.get(hidden, [(1, 8)])
+        bwd = [bwd_candidate(hidden, (bm, nw, False, 0, False, 2, 132, True, ls))
+               for (bm, nw), ls in itertools.product(tiles, PIECE_LOOP_STAGES)][:limit]
+        fwd = [c for c in fwd_sweep_candidates(hidden) if c.block_n2][:limit]
+        for bcfg, fcfg in itertools.zip_longest(bwd, fwd):
+            with configs.override(forward=fcfg, backward=bcfg):
+                x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, torch.bfloat16)
+                rstd = torch.empty((300,), dtype=torch.float32)
+                if fcfg is not None:
+                    trainnorm.rms_norm_forward(x, w, residual=r)
+                    trainnorm.rms_norm_gated_forward(x, r, w)
+                if bcfg is not None:
+                    for rows in (1, 32, 300):
+                        with configs.override(backward=lambda key, cfg, rows=rows: cfg.replace(
+                                direct_max_rows=1 if rows == 1 else 0, slices_max_rows=32)):
+                            trainnorm.rms_norm_backward(dy[:rows], x[:rows], w, rstd[:rows])
+                    trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh)
+                    trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
+
+
 # --- compiling ------------------------------------------------------------------------------
 
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
@@ -329,6 +358,8 @@ def collect(args, target) -> Launches:
             exercise_fwd_tma(**(dict(widths=(4096,), stages=(3,)) if quick else {}))
         if args.only in (None, "fwd-tiles"):
             exercise_fwd_tiles(**(dict(widths=(5120,), limit=1) if quick else {}))
+        if args.only in (None, "pieces"):
+            exercise_pieces(**(dict(widths=(5120,), limit=1) if quick else {}))
     return launches
 
 
@@ -339,8 +370,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few forms of each kernel")
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: one per CPU)")
-    p.add_argument("--only", choices=("slices", "fwd-tma", "fwd-tiles"), default=None,
-                   help="only the tuner's column-slice tiles, forward descriptor depths or two-pass tiles")
+    p.add_argument("--only", choices=("slices", "fwd-tma", "fwd-tiles", "pieces"), default=None,
+                   help="only the tuner's column-slice tiles, forward descriptor depths, two-pass tiles or "
+                        "two-piece rows")
     return p.parse_args(argv)
 
 

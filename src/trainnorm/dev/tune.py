@@ -61,7 +61,7 @@ import torch
 
 import trainnorm
 from trainnorm import configs
-from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2
+from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2, row_pieces
 from trainnorm.configs import table as tables
 
 ELT = 2                       # the sweeps time bf16 activations (fp16 shares the entries)
@@ -242,15 +242,32 @@ SMALL_FIELDS = ("direct_max_rows", "slices_max_rows", "direct_prefetch", "direct
 SMALL_NOTE = "table/"     # the notes --sweep-small writes start so
 
 
+# rows held as two pieces (configs.row_pieces, widths that are not powers of two): plain
+# loads, the row loop pipelined by the compiler this deep (0: not)
+PIECE_LOOP_STAGES = (0, 3)
+
+
+def bwd_forms(hidden):
+    """The row forms swept at a width: (pieces, prefetch, tma_stages, loop_stages, dw_2d)."""
+    d2s = (False, True) if hidden <= DW_2D_MAX_H else (False,)
+    forms = [(False, pf, st, 0, d2) for (pf, st), d2 in itertools.product(SWEEP_LOADS, d2s)]
+    if row_pieces(hidden)[1]:
+        forms += [(True, False, 0, ls, False) for ls in PIECE_LOOP_STAGES]
+    return forms
+
+
 def bwd_candidate(hidden, k) -> BwdConfig:
-    bm, nw, pf, st, d2, ctas, mx = k
-    return BwdConfig.from_fields(block_m=bm, block_n=next_pow2(hidden), num_warps=nw, min_rows_per_chunk=bm,
-                                 max_chunks=mx, dw_2d=d2, ctas_per_sm=ctas, prefetch=pf, tma_stages=st)
+    bm, nw, pf, st, d2, ctas, mx, pieces, ls = k
+    b1, b2 = row_pieces(hidden) if pieces else (next_pow2(hidden), 0)
+    return BwdConfig.from_fields(block_m=bm, block_n=b1, block_n2=b2, num_warps=nw, min_rows_per_chunk=bm,
+                                 max_chunks=mx, dw_2d=d2, ctas_per_sm=ctas, prefetch=pf, tma_stages=st,
+                                 loop_stages=ls)
 
 
 def bwd_name(k) -> str:
-    bm, nw, pf, st, d2, ctas, mx = k
-    return f"bm{bm} w{nw}{' pf' if pf else ''}{f' tma{st}' if st else ''}{' d2' if d2 else ''} c{ctas} max{mx}"
+    bm, nw, pf, st, d2, ctas, mx, pieces, ls = k
+    return (f"bm{bm} w{nw}{' pieces' if pieces else ''}{' pf' if pf else ''}{f' tma{st}' if st else ''}"
+            f"{f' ls{ls}' if ls else ''}{' d2' if d2 else ''} c{ctas} max{mx}")
 
 
 def _bwd_tokens(hidden, gated):
@@ -261,24 +278,22 @@ def sweep_bwd(run: Run, hidden: int, gated: bool = False) -> dict:
     """{T: {(bm, nw, prefetch, tma_stages, dw_2d, ctas, max_chunks): us}} of the deterministic backward."""
     dev = run.device
     tiles = (SWEEP_TILES_GATED if gated else SWEEP_TILES)[hidden]
-    d2s = (False, True) if hidden <= DW_2D_MAX_H else (False,)
     res = {}
     for tokens in _bwd_tokens(hidden, gated):
         x, w, dy, rstd, z = _inputs(hidden, tokens, dev, gated)
         rows = rstd.numel()
         res[tokens] = {}
-        for (bm, nw), (pf, st), d2 in itertools.product(tiles, SWEEP_LOADS, d2s):
+        for (bm, nw), (pieces, pf, st, ls, d2) in itertools.product(tiles, bwd_forms(hidden)):
             fns = {}
             for ctas, mx in SWEEP_SCHED:
-                k = (bm, nw, pf, st, d2, ctas, mx)
+                k = (bm, nw, pf, st, d2, ctas, mx, pieces, ls)
                 cfg = bwd_candidate(hidden, k)
                 ws = _workspace(cfg, hidden, rows, True, dev, gated)
                 fns[k] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z))
             try:
                 res[tokens].update(time_fns(fns, run.flush, passes=2, samples=6))
             except Exception as e:  # noqa: BLE001 - a tile that fails to compile or run is dropped
-                run.log(f"  H{hidden} T{tokens} bm{bm} w{nw} pf{int(pf)} tma{st} d2{int(d2)}: "
-                        f"{type(e).__name__}: {str(e)[:80]}")
+                run.log(f"  H{hidden} T{tokens} {bwd_name(k)}: {type(e).__name__}: {str(e)[:80]}")
         best = min(res[tokens].items(), key=lambda kv: kv[1])
         run.log(f"  H{hidden} T{tokens}: best {bwd_name(best[0])} {best[1]:.1f} us")
         del x, w, dy, rstd, z
@@ -515,6 +530,13 @@ def fwd_sweep_candidates(hidden):
                 for st, ctas in itertools.product(FWD_TMA_STAGES, FWD_TMA_CTAS):
                     yield FwdConfig.from_fields(block_m=bm, block_n=bn, num_warps=nw, tma_stages=st,
                                                 ctas_per_sm=ctas)
+    b1, b2 = row_pieces(hidden)
+    if b2:
+        # the row as two pieces, none of the one-tile form's padding, read once
+        for bm, nw in itertools.product((1, 2, 4), (4, 8, 16)):
+            per_thread = bm * (b1 + b2) // (32 * nw)
+            if bm * (b1 + b2) <= 16384 and 4 <= per_thread <= 64:
+                yield FwdConfig.from_fields(block_m=bm, block_n=b1, block_n2=b2, num_warps=nw)
     for cbn in FWD_CHUNK_BN:
         if cbn < bn and cdiv(hidden, cbn) <= FWD_CHUNK_MAX_TILES:
             for bm, nw in itertools.product((1, 2, 4, 8), (4, 8, 16)):
@@ -526,12 +548,13 @@ def fwd_sweep_candidates(hidden):
 
 
 def fwd_key(c: FwdConfig, hidden: int):
-    chunk = c.block_n if c.block_n < next_pow2(hidden) else 0
-    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk)
+    chunk = c.block_n if c.block_n < next_pow2(hidden) and not c.block_n2 else 0
+    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk, bool(c.block_n2))
 
 
 def fwd_name(k) -> str:
-    return f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
+    return (f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
+            + (" pieces" if k[5] else ""))
 
 
 def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
