@@ -242,6 +242,32 @@ def test_fast_workspace_left_zeroed(device, force_atomic):
         check_backward(case.dy, h, case.weight, rstd, None, dx, dw)
 
 
+@pytest.mark.parametrize("last_use", ["deterministic", "garbage"])
+def test_fast_workspace_any_prior_contents(device, force_atomic, last_use):
+    # a workspace last used by the deterministic form (its float64 partials left in it), or
+    # holding arbitrary bytes, gives the fast form the same dx and a dw within the budget,
+    # the same bits as a fresh workspace's where the additions' order is fixed (one program)
+    hidden, rows = 512, 300
+    case = make_case("outlier", (rows,), hidden, seed=16, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight)
+    ws = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=device)
+    assert ws.numel() >= trainnorm.backward_workspace_bytes(rows, hidden, deterministic=False)
+    if last_use == "deterministic":
+        trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, workspace=ws)
+        assert ws.any()
+    else:
+        ws.copy_(torch.randint(0, 256, ws.shape, dtype=torch.uint8, device=device))
+    assert bwd_plan(rows, hidden, torch.bfloat16, False, True).dw == DwForm.ATOMIC
+    dx, dw = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=False, workspace=ws)
+    check_backward(case.dy, h, case.weight, rstd, None, dx, dw)
+    with simulate_sm_count(1):
+        one = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=False)
+        ws.copy_(torch.randint(0, 256, ws.shape, dtype=torch.uint8, device=device))
+        again = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=False, workspace=ws)
+    assert_bits_equal(dx, again[0], "dx")
+    assert_bits_equal(one[1], again[1], "dw, one program, fresh vs garbage workspace")
+
+
 def test_fast_mode_form_windows():
     # deterministic=False runs its atomic form only from the measured edge on (configs/sm_90.json)
     form = lambda rows, h, det: bwd_plan(rows, h, torch.bfloat16, det, True).dw

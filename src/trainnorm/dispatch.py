@@ -69,12 +69,16 @@ def _workspace(plan, workspace, rows, device):
     if not nbytes:
         return None, None
     if workspace is None:
-        # the atomic form needs its accumulator and counter zeroed (and leaves them so)
-        alloc = torch.zeros if plan.dw is DwForm.ATOMIC else torch.empty
-        workspace = alloc(nbytes, dtype=torch.uint8, device=device)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
     elif workspace.numel() < nbytes:
         raise ValueError(f"workspace: needs {nbytes} bytes for rows={rows}, H={plan.hidden}, "
                          f"got {workspace.numel()} (size it with backward_workspace_bytes)")
+    if plan.dw is DwForm.ATOMIC:
+        # The atomic form adds into a zeroed float64 accumulator and counts its programs in
+        # a zeroed ticket. Zeroed here on every call (one memset of H * 8 + 8 bytes, beside a
+        # launch that reads at least 65536 rows: the form's window in sm_90.json), so a
+        # workspace last used by the partials' form, or never zeroed, gives the same dw.
+        workspace[:nbytes].zero_()
     hidden = plan.hidden
     if plan.dw is DwForm.PARTIAL:
         return workspace[:nbytes].view(torch.float64).view(plan.num_chunks, hidden), None
