@@ -657,3 +657,36 @@ def test_split_roles_and_loop_stages_same_bits(device, use_configs, gated):
             assert_bits_equal(u, v, f"{b} vs {a}")
     if not gated:
         check_backward(case.dy, h, case.weight, rstd, None, *outs["split"])
+
+
+@pytest.mark.parametrize("form", ["one tile", "two pieces", "column tiles"])
+@pytest.mark.parametrize("spec", ["w+1.0", "silu,w+1.0", "silu:first,w+1.0", "w+0.5"])
+def test_weight_offset_in_kernels(device, use_configs, form, spec):
+    # y = norm(h) * (offset + w) computed inside every forward and backward form (the ops'
+    # variant spec "w+<offset>"), against FP64; dw is the same sum as without an offset
+    hidden, rows = 96, 21
+    offset = float(spec.split("w+")[1])
+    b1, b2 = configs.row_pieces(hidden)
+    shape = {"one tile": {}, "two pieces": {"block_n": b1, "block_n2": b2},
+             "column tiles": {"block_n": 32}}[form]
+    use_configs(forward=fwd_config(hidden).replace(tma_stages=0, **shape),
+                backward=bwd_config(hidden).replace(tma_stages=0, prefetch=False, direct_prefetch=None,
+                                                    direct_tma_stages=None, dw_2d=False, **shape))
+    case = make_case("outlier", (rows,), hidden, seed=23, device=device)
+    w = (0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)      # zero-centred weights
+    z = torch.randn(case.x.shape, device=device).to(torch.bfloat16) if "silu" in spec else None
+    nbg = ":first" not in spec
+    y, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, w, None, z, EPS, spec)
+    y64, _, _ = reference.forward_fp64(case.x, w, EPS, None, z, nbg, weight_offset=offset)
+    assert_close64(y, y64, "y")
+    for slices in (0, rows):
+        with configs.override(backward=lambda key, cfg: cfg.replace(direct_max_rows=0, slices_max_rows=slices)):
+            dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(case.dy, case.x, w, rstd, None, z, spec, True, True, None)
+        dx64, dw64, *dz64 = reference.backward_fp64(case.dy, case.x, w, rstd, None, z, nbg, weight_offset=offset)
+        assert_close64(dx, dx64, "dx")
+        if z is not None:
+            assert_close64(dz, dz64[0], "dgate")
+        assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    # the offset matters: the same call without it is another function
+    y0, _, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, w, None, z, EPS, spec.replace(f"w+{offset!r}", "").strip(","))
+    assert not torch.allclose(y0.float(), y.float(), atol=0.05)

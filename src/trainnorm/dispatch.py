@@ -29,7 +29,8 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
         return y, rstd, h
     if not runs_kernels(x):
         y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, residual, gate, variant.norm_before_gate,
-                                                    activation=variant.gate or "silu")
+                                                    activation=variant.gate or "silu",
+                                                    weight_offset=variant.weight_offset)
         y.copy_(y64)
         rstd.copy_(rstd64)
         if residual is not None:
@@ -98,7 +99,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             dw = torch.zeros(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
             return dx, dw, dz
         out = reference.backward_fp64(dy, h, weight, rstd, dh, gate, variant.norm_before_gate,
-                                      activation=variant.gate or "silu")
+                                      activation=variant.gate or "silu", weight_offset=variant.weight_offset)
         dx.copy_(out[0])
         if gate is not None:
             dz.copy_(out[2])

@@ -82,11 +82,13 @@ def gate_functions(activation: str):
 
 # --- float64 -----------------------------------------------------------------------------------
 
-def forward_fp64(x, weight, eps, residual=None, gate=None, norm_before_gate=True, *, activation="silu"):
+def forward_fp64(x, weight, eps, residual=None, gate=None, norm_before_gate=True, *, activation="silu",
+                 weight_offset=0.0):
     """(y, rstd, h): y and rstd in float64, h in x's dtype (it is rounded by definition).
 
     With a gate and a = GATE_ACTIVATIONS[activation]: y = rmsnorm(h) * w * a(gate)
-    (norm_before_gate), or rmsnorm(h * a(gate)) * w, where rstd is that of h * a(gate)."""
+    (norm_before_gate), or rmsnorm(h * a(gate)) * w, where rstd is that of h * a(gate).
+    With weight_offset, w is (weight_offset + weight) throughout (1.0: zero-centred weights)."""
     act, _ = gate_functions(activation)
     h = residual_sum(x, residual)
     u = _f64(h)
@@ -95,20 +97,22 @@ def forward_fp64(x, weight, eps, residual=None, gate=None, norm_before_gate=True
     rstd = torch.rsqrt(u.square().mean(-1) + eps)
     y = u * rstd[..., None]
     if weight is not None:
-        y = y * _f64(weight)
+        y = y * (_f64(weight) + weight_offset)
     if gate is not None and norm_before_gate:
         y = y * act(_f64(gate))
     return y, rstd, h
 
 
-def backward_fp64(dy, h, weight, rstd, dh=None, gate=None, norm_before_gate=True, *, activation="silu"):
+def backward_fp64(dy, h, weight, rstd, dh=None, gate=None, norm_before_gate=True, *, activation="silu",
+                  weight_offset=0.0):
     """(dx, dw) in float64, at the given rstd (the kernel's float32 rstd in the
-    tests); with a gate, (dx, dw, dgate)."""
+    tests); with a gate, (dx, dw, dgate). dw is the same with a weight offset (the
+    offset is a constant)."""
     act, act_grad = gate_functions(activation)
     hidden = h.shape[-1]
     dy64 = _f64(dy)
     rstd64 = _f64(rstd)[..., None]
-    w64 = _f64(weight) if weight is not None else None
+    w64 = _f64(weight) + weight_offset if weight is not None else None
     u = _f64(h)
     if gate is not None:
         z = _f64(gate)

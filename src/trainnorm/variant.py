@@ -12,8 +12,8 @@ its form uses.
 Whether a weight, residual or gate is present is read from the tensors (None
 or not) at every layer, so a Variant can never disagree with its inputs; the
 spec string holds only what the tensors do not say (the gate's activation and
-order). A new field (a (1 + w) weight offset, a residual dtype, LayerNorm's
-mean) goes here, into `spec`/`from_spec`, into `constexprs`, and into the
+order, the weight offset). A new field (a residual dtype, LayerNorm's mean)
+goes here, into `spec`/`from_spec`, into `constexprs`, and into the
 kernels that read it.
 
 Gate activations: one name per function. The kernels' side is one branch of
@@ -41,6 +41,7 @@ class Variant:
     has_residual: bool = False
     gate: str | None = None           # the gate's activation ("silu", ...), None without a gate
     norm_before_gate: bool = True     # y = norm(h) * w * a(z); False: y = norm(h * a(z)) * w
+    weight_offset: float = 0.0        # y = norm(h) * (offset + w): 1.0 for zero-centred (Gemma-style) weights
 
     @property
     def gated(self) -> bool:
@@ -48,11 +49,15 @@ class Variant:
 
     @property
     def spec(self) -> str:
-        """The non-tensor part, as the custom ops carry it: "" without a gate,
-        else the activation, with ":first" when the gate comes before the norm."""
-        if self.gate is None:
-            return ""
-        return self.gate if self.norm_before_gate else self.gate + ":first"
+        """The non-tensor part, as the custom ops carry it: comma-separated parts, none
+        by default: the gate's activation (with ":first" when the gate comes before the
+        norm) and "w+<offset>" for a weight offset."""
+        parts = []
+        if self.gate is not None:
+            parts.append(self.gate if self.norm_before_gate else self.gate + ":first")
+        if self.weight_offset:
+            parts.append(f"w+{self.weight_offset!r}")
+        return ",".join(parts)
 
     @staticmethod
     def from_spec(spec: str, *, weight, residual, gate) -> "Variant":
@@ -61,14 +66,21 @@ class Variant:
 
     def constexprs(self) -> dict:
         """The kernels' constexprs for this variant (each kernel takes those it uses)."""
-        return dict(GATE=self.gate, GATE_FIRST=self.gated and not self.norm_before_gate)
+        return dict(GATE=self.gate, GATE_FIRST=self.gated and not self.norm_before_gate,
+                    W_OFFSET=float(self.weight_offset))
 
 
 @lru_cache(maxsize=None)
 def _from_spec(spec: str, has_weight: bool, has_residual: bool, has_gate: bool) -> Variant:
-    act, _, order = spec.partition(":")
-    if has_gate != bool(act) or order not in ("", "first"):
-        raise ValueError(f"variant spec {spec!r} does not match the inputs (gate given: {has_gate})")
+    act, order, offset = "", "", 0.0
+    for part in spec.split(",") if spec else ():
+        if part.startswith("w+"):
+            offset = float(part[2:])
+        else:
+            act, _, order = part.partition(":")
+    if has_gate != bool(act) or order not in ("", "first") or (offset and not has_weight):
+        raise ValueError(f"variant spec {spec!r} does not match the inputs (gate given: {has_gate}, "
+                         f"weight given: {has_weight})")
     if act:
         check_activation(act)
-    return Variant(has_weight, has_residual, act or None, order != "first")
+    return Variant(has_weight, has_residual, act or None, order != "first", offset)

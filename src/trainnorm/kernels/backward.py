@@ -64,7 +64,7 @@ batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, round_to, row_offsets
+from .common import INTERPRETED, load_weight, round_to, row_offsets
 from .gate import gate_activation, load_gate
 
 
@@ -235,12 +235,12 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw
 
 
 @triton.jit
-def _load_weight(W, COL0: tl.constexpr, BLOCK_N: tl.constexpr, n_cols):
-    """f32 w of columns COL0 + [0, BLOCK_N) as [1, BLOCK_N] (zeros without a weight, or
-    for an absent piece, BLOCK_N 0: a Triton function returns no None)."""
+def _load_weight(W, COL0: tl.constexpr, BLOCK_N: tl.constexpr, n_cols, W_OFFSET: tl.constexpr):
+    """f32 w (+ W_OFFSET) of columns COL0 + [0, BLOCK_N) as [1, BLOCK_N] (zeros without a
+    weight, or for an absent piece, BLOCK_N 0: a Triton function returns no None)."""
     if W is not None and BLOCK_N > 0:
         o_n = COL0 + tl.arange(0, BLOCK_N)
-        b_w = tl.load(W + o_n, mask=o_n < n_cols, other=0.0).to(tl.float32)[None, :]
+        b_w = load_weight(W, o_n, o_n < n_cols, W_OFFSET)
     else:
         b_w = tl.zeros([1, 1], dtype=tl.float32)
     return b_w
@@ -298,6 +298,7 @@ def bwd_one_tile_kernel(
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    W_OFFSET: tl.constexpr,
     DW_FORM: tl.constexpr,
     LOADS: tl.constexpr,
     STAGES: tl.constexpr,
@@ -306,8 +307,8 @@ def bwd_one_tile_kernel(
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
-    b_w = _load_weight(W, 0, BLOCK_N, n_cols)
-    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols)
+    b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
+    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
     b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
     if BLOCK_N2 > 0:
         b_dwb = tl.zeros([BLOCK_N2], dtype=tl.float64)
@@ -342,13 +343,13 @@ def bwd_one_tile_kernel(
 
 
 @triton.jit
-def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE: tl.constexpr):
-    """One column tile of a wide row: f32 h, dy, w (as [1, BLOCK_N]; h again without
-    a weight) and the gate's a(z), a'(z)."""
+def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE: tl.constexpr, W_OFFSET: tl.constexpr):
+    """One column tile of a wide row: f32 h, dy, w + W_OFFSET (as [1, BLOCK_N]; h again
+    without a weight) and the gate's a(z), a'(z)."""
     b_h = tl.load(HX + o_hr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
     b_dy = tl.load(DY + o_dyr + o_c[None, :], mask=mask, other=0.0).to(tl.float32)
     if W is not None:
-        b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        b_w = load_weight(W, o_c, m_n, W_OFFSET)
     else:
         b_w = b_h
     if GATE is not None:
@@ -362,7 +363,8 @@ def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE: tl.con
 def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end, n_cols, NH,
                      stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_TILES: tl.constexpr,
-                     TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+                     TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
+                     W_OFFSET: tl.constexpr):
     """One chunk of rows walked in column tiles: dx (dz) stored and, with P_PART
     (the chunk's row of float64 partials), dw's terms accumulated there in place."""
     o_n = tl.arange(0, BLOCK_N)
@@ -386,7 +388,8 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end,
             o_c = n0 + o_n
             m_n = o_c < n_cols
             mask = m_m[:, None] & m_n[None, :]
-            b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE)
+            b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE,
+                                                       W_OFFSET)
             b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
             b_acc += b_g * b_xhat
         b_c = tl.sum(b_acc, axis=1) / n_cols
@@ -395,7 +398,8 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end,
             o_c = n0 + o_n
             m_n = o_c < n_cols
             mask = m_m[:, None] & m_n[None, :]
-            b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE)
+            b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE,
+                                                       W_OFFSET)
             b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
             _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DZ, o_m, o_c, mask,
                                n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
@@ -419,6 +423,7 @@ def bwd_col_tiles_kernel(
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    W_OFFSET: tl.constexpr,
 ):
     """dw partials go to PARTIAL (the "partial" form) when it is given, else no dw."""
     pid = tl.program_id(0)
@@ -431,7 +436,7 @@ def bwd_col_tiles_kernel(
             p_part = None
         _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, p_part, row_start, row_end, n_cols, NH,
                          stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
-                         BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST)
+                         BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
 
 
 @triton.jit
@@ -447,6 +452,7 @@ def bwd_col_slices_kernel(
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    W_OFFSET: tl.constexpr,
     LOADS: tl.constexpr,
     STAGES: tl.constexpr,
     DW_BM: tl.constexpr,
@@ -459,8 +465,8 @@ def bwd_col_slices_kernel(
     grid = tl.num_programs(0)
     if pid < row_programs:
         if COL_TILES == 1:
-            b_w = _load_weight(W, 0, BLOCK_N, n_cols)
-            b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols)
+            b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
+            b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
         b_none = tl.zeros([1, 1], dtype=tl.float64)
         for chunk in tl.range(pid, num_chunks, row_programs):
             row_start = chunk * rows_per_chunk
@@ -473,7 +479,7 @@ def bwd_col_slices_kernel(
             else:
                 _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, None, row_start, row_end, n_cols, NH,
                                  stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
-                                 stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST)
+                                 stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
     if pid >= slice_start:
         # dw by column slices, each over all rows in row order (see above)
         wide = HX.dtype.element_ty.primitive_bitwidth > 16
@@ -490,7 +496,7 @@ def bwd_col_slices_kernel(
                 b_h, b_dy, _, b_a, _ = _load_col_tile(
                     HX, DY, Z, None, row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None],
                     row_offsets(o_m, NH, stride_dyt, stride_dyh, TWO_LEVEL)[:, None],
-                    row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None], o_c, mask, m_c, GATE)
+                    row_offsets(o_m, NH, stride_zt, stride_zh, TWO_LEVEL)[:, None], o_c, mask, m_c, GATE, 0.0)
                 b_rstd = tl.load(RSTD + o_m, mask=m_m, other=0.0)
                 b_sum += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
             tl.store(DW + o_c, b_sum.to(tl.float32), mask=m_c)

@@ -63,6 +63,17 @@ def load_h(X, R, H_OUT, o_x, o_r, o_out, mask, STORE_H: tl.constexpr):
 
 
 @triton.jit
+def load_weight(W, o_c, m_c, W_OFFSET: tl.constexpr):
+    """f32 (w + W_OFFSET) of columns o_c, as [1, N]: W_OFFSET 1 gives the (1 + w) weights
+    of zero-centred norms (Gemma style), added in float32 (exact for 16-bit weights of
+    magnitude at least 2**-16, else rounded once)."""
+    b_w = tl.load(W + o_c, mask=m_c, other=0.0).to(tl.float32)
+    if W_OFFSET != 0.0:
+        b_w = b_w + W_OFFSET
+    return b_w[None, :]
+
+
+@triton.jit
 def rstd_from_sumsq(b_ss, n_cols, eps):
     """rstd = 1 / sqrt(sum / H + eps), with IEEE-rounded sqrt and division."""
     return tl.div_rn(1.0, tl.sqrt_rn(b_ss / n_cols + eps))

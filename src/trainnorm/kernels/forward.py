@@ -40,7 +40,8 @@ row never depends on how many rows there are: y and rstd are batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import SCALE_DOWN, add_residual, load_h, round_to, row_offsets, rstd_from_sums, rstd_of_rows
+from .common import (SCALE_DOWN, add_residual, load_h, load_weight, round_to, row_offsets, rstd_from_sums,
+                     rstd_of_rows)
 from .gate import load_gate
 
 
@@ -89,6 +90,7 @@ def fwd_one_tile_kernel(
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    W_OFFSET: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     EARLY_WEIGHT: tl.constexpr,
 ):
@@ -100,9 +102,9 @@ def fwd_one_tile_kernel(
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
         m_n2 = o_n2 < n_cols
     if W is not None and EARLY_WEIGHT:
-        b_w = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+        b_w = load_weight(W, o_n, m_n, W_OFFSET)
         if BLOCK_N2 > 0:
-            b_w2 = tl.load(W + o_n2, mask=m_n2, other=0.0).to(tl.float32)[None, :]
+            b_w2 = load_weight(W, o_n2, m_n2, W_OFFSET)
     else:
         b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
     for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
@@ -136,7 +138,7 @@ def fwd_one_tile_kernel(
             if EARLY_WEIGHT:
                 b_wt = b_w
             else:
-                b_wt = tl.load(W + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+                b_wt = load_weight(W, o_n, m_n, W_OFFSET)
         else:
             b_wt = None
         b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE is not None and not GATE_FIRST)
@@ -146,7 +148,7 @@ def fwd_one_tile_kernel(
                 if EARLY_WEIGHT:
                     q_wt = b_w2
                 else:
-                    q_wt = tl.load(W + o_n2, mask=m_n2, other=0.0).to(tl.float32)[None, :]
+                    q_wt = load_weight(W, o_n2, m_n2, W_OFFSET)
             else:
                 q_wt = None
             q_y = _normalise(q_h, b_rstd, q_wt, q_a, GATE is not None and not GATE_FIRST)
@@ -167,6 +169,7 @@ def fwd_col_tiles_kernel(
     TWO_LEVEL: tl.constexpr,
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
+    W_OFFSET: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -196,7 +199,7 @@ def fwd_col_tiles_kernel(
         b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, False)
         b_h, b_a = _with_gate(b_h, Z, o_z + o_c[None, :], mask, GATE, GATE_FIRST)
         if W is not None:
-            b_w = tl.load(W + o_c, mask=m_n, other=0.0).to(tl.float32)[None, :]
+            b_w = load_weight(W, o_c, m_n, W_OFFSET)
         else:
             b_w = None
         b_y = _normalise(b_h, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
