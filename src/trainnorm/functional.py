@@ -234,10 +234,10 @@ def _default_arch():
 
 def backward_workspace(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,
                        gated=False) -> torch.Tensor:
-    """A zeroed uint8 scratch tensor for rms_norm_backward(..., workspace=...),
-    reusable across calls of the same or smaller (rows, hidden) and the same
-    mode, one stream at a time. The deterministic=False form needs it zeroed
-    and leaves it zeroed: take it from here rather than from torch.empty."""
+    """A uint8 scratch tensor for rms_norm_backward(..., workspace=...), reusable
+    across calls that fit it (backward_workspace_bytes), in either mode, one
+    stream at a time; what it held before a call does not matter (the
+    deterministic=False form zeroes its accumulator at every call)."""
     nbytes = backward_workspace_bytes(rows, hidden, deterministic=deterministic, dtype=dtype, gated=gated)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
