@@ -79,6 +79,21 @@ def _with_gate(b_h, Z, o_z, mask, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, EARLY_WEIGHT: tl.constexpr,
+             GATE_AFTER: tl.constexpr, W_OFFSET: tl.constexpr):
+    """y of a tile (or a piece) of rows, stored; the weight is b_w (read early) or read now."""
+    if W is not None:
+        if EARLY_WEIGHT:
+            b_wt = b_w
+        else:
+            b_wt = load_weight(W, o_c, m_c, W_OFFSET)
+    else:
+        b_wt = None
+    b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE_AFTER)
+    tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def fwd_one_tile_kernel(
     X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R,
     rows, n_cols, NH,
@@ -101,12 +116,12 @@ def fwd_one_tile_kernel(
     if BLOCK_N2 > 0:
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
         m_n2 = o_n2 < n_cols
+    b_w = tl.zeros([1, 1], dtype=tl.float32)
+    b_w2 = b_w
     if W is not None and EARLY_WEIGHT:
         b_w = load_weight(W, o_n, m_n, W_OFFSET)
         if BLOCK_N2 > 0:
             b_w2 = load_weight(W, o_n2, m_n2, W_OFFSET)
-    else:
-        b_w = tl.zeros([1, BLOCK_N], dtype=tl.float32)
     for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
         m0 = tile * BLOCK_M
         o_m = m0 + o_mb
@@ -134,25 +149,11 @@ def fwd_one_tile_kernel(
             b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
         else:
             b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
-        if W is not None:
-            if EARLY_WEIGHT:
-                b_wt = b_w
-            else:
-                b_wt = load_weight(W, o_n, m_n, W_OFFSET)
-        else:
-            b_wt = None
-        b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE is not None and not GATE_FIRST)
-        tl.store(Y + o_out + o_n[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
+        _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, EARLY_WEIGHT,
+                 GATE is not None and not GATE_FIRST, W_OFFSET)
         if BLOCK_N2 > 0:
-            if W is not None:
-                if EARLY_WEIGHT:
-                    q_wt = b_w2
-                else:
-                    q_wt = load_weight(W, o_n2, m_n2, W_OFFSET)
-            else:
-                q_wt = None
-            q_y = _normalise(q_h, b_rstd, q_wt, q_a, GATE is not None and not GATE_FIRST)
-            tl.store(Y + o_out + o_n2[None, :], round_to(q_y, Y.dtype.element_ty), mask=mask2)
+            _store_y(Y, W, b_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, EARLY_WEIGHT,
+                     GATE is not None and not GATE_FIRST, W_OFFSET)
         tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
