@@ -681,7 +681,7 @@ def test_weight_offset_in_kernels(device, use_configs, form, spec):
     assert_close64(y, y64, "y")
     for slices in (0, rows):
         with configs.override(backward=lambda key, cfg: cfg.replace(direct_max_rows=0, slices_max_rows=slices)):
-            dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(case.dy, case.x, w, rstd, None, z, spec, True, True, None)
+            dx, dw, dz, _ = torch.ops.trainnorm.rms_norm_bwd(case.dy, case.x, w, rstd, None, z, spec, True, True, None)
         dx64, dw64, *dz64 = reference.backward_fp64(case.dy, case.x, w, rstd, None, z, nbg, weight_offset=offset)
         assert_close64(dx, dx64, "dx")
         if z is not None:
@@ -690,3 +690,57 @@ def test_weight_offset_in_kernels(device, use_configs, form, spec):
     # the offset matters: the same call without it is another function
     y0, _, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, w, None, z, EPS, spec.replace(f"w+{offset!r}", "").strip(","))
     assert not torch.allclose(y0.float(), y.float(), atol=0.05)
+
+
+@pytest.mark.parametrize("form", ["one tile", "two pieces", "column tiles"])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_float32_residual_stream(device, use_configs, form, weight_dtype):
+    # bf16 x with a float32 residual: h = f32(x) + r in float32 (one rounding), y in x's
+    # dtype from that h; the backward gives x's gradient in bf16 and the stream's in
+    # float32 (the same value rounded), dw within the budget, both modes the same dx
+    hidden, rows = 96, 37
+    b1, b2 = configs.row_pieces(hidden)
+    shape = {"one tile": {}, "two pieces": {"block_n": b1, "block_n2": b2}, "column tiles": {"block_n": 32}}[form]
+    use_configs(forward=fwd_config(hidden).replace(tma_stages=0, **shape),
+                backward=bwd_config(hidden).replace(tma_stages=0, prefetch=False, direct_prefetch=None,
+                                                    direct_tma_stages=None, dw_2d=False, **shape))
+    case = make_case("outlier", (rows,), hidden, seed=29, weight_dtype=weight_dtype, device=device)
+    r = 4 * torch.randn(case.x.shape, device=device)                   # float32 stream
+    dh = torch.randn(case.x.shape, device=device)
+    grads = {}
+    for det in (True, False):
+        x = case.x.clone().requires_grad_()
+        res = r.clone().requires_grad_()
+        w = case.weight.clone().requires_grad_()
+        y, h = trainnorm.rms_norm(x, w, EPS, residual=res, deterministic=det)
+        assert y.dtype == case.x.dtype and h.dtype == torch.float32
+        assert_bits_equal(h, case.x.float() + r, "h = f32(x) + r")
+        y64, rstd64, _ = reference.forward_fp64(case.x, case.weight, EPS, r)
+        assert_close64(y, y64, "y")
+        torch.autograd.backward((y, h), (case.dy, dh))
+        assert x.grad.dtype == case.x.dtype and res.grad.dtype == torch.float32
+        grads[det] = (x.grad, res.grad, w.grad)
+    _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=r)
+    dx64, dw64 = reference.backward_fp64(case.dy, h.detach(), case.weight, rstd, dh)
+    dx, dres, dw = grads[True]
+    assert_close64(dx, dx64, "dx")
+    assert float((dres.double() - dx64).norm() / dx64.norm()) < 1e-6, "the float32 stream's gradient"
+    assert_bits_equal(dx, dres.to(dx.dtype), "dx is the stream's gradient rounded")
+    # dw before autograd rounds it to the weight's dtype: the op's float32 dw
+    odx, odw, _, odres = torch.ops.trainnorm.rms_norm_bwd(case.dy, h.detach(), case.weight, rstd, dh, None,
+                                                          f"x:{'bf16'}", True, True, None)
+    assert reference.dw_err_over_tol(odw, dw64) <= DW_BUDGET
+    assert_bits_equal(odw.to(dw.dtype), dw, "dw")
+    assert_bits_equal(odx, dx, "dx through the op")
+    assert_bits_equal(odres, dres, "dres through the op")
+    for a, b, n in zip(grads[True][:2], grads[False][:2], ("dx", "dres")):
+        assert_bits_equal(a, b, f"{n}: both modes")
+
+
+def test_residual_dtype_checked(device):
+    x = torch.randn(3, 64, device=device).to(torch.bfloat16)
+    w = torch.ones(64, device=device, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="residual must have x's dtype .* or float32"):
+        trainnorm.rms_norm(x, w, residual=torch.randn(3, 64, device=device).to(torch.float16))
+    with pytest.raises(TypeError, match="residual must have x's dtype .* or float32"):
+        trainnorm.rms_norm(x.float(), w.float(), residual=torch.randn(3, 64, device=device).to(torch.bfloat16))

@@ -15,15 +15,17 @@ from .kernels import (bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_
                       fwd_col_tiles_kernel, fwd_one_tile_kernel)
 from .plan import DwForm, backward_plan, forward_plan
 from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_views, runs_kernels, sm_count
-from .variant import Variant
+from .variant import DTYPES, Variant
 
 
 def forward(x, weight, residual, gate, eps, variant: Variant):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
     hidden = x.shape[-1]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y_dtype = DTYPES[variant.y_dtype] if variant.y_dtype else x.dtype
+    y = torch.empty(x.shape, dtype=y_dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else x.new_empty(0)
+    # the residual stream h in the residual's dtype: x's, or float32 under 16-bit x
+    h = torch.empty(x.shape, dtype=residual.dtype, device=x.device) if residual is not None else x.new_empty(0)
     rows = rstd.numel()
     if rows == 0:
         return y, rstd, h
@@ -87,26 +89,33 @@ def _workspace(plan, workspace, rows, device):
 
 
 def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, need_dw, workspace):
-    """(dx, dw, dgate); dw is float32 [H], or an empty tensor when it is not
-    needed; dgate has the gate's dtype, or is empty without a gate."""
+    """(dx, dw, dgate, dres); dx in x's dtype (variant.x_dtype, else h's); dw is float32
+    [H], or an empty tensor when it is not needed; dgate has the gate's dtype, or is
+    empty without a gate; dres, the residual stream's gradient in h's dtype, is empty
+    unless x's dtype differs from h's (dx is that gradient then too, rounded)."""
     hidden = h.shape[-1]
     rows = rstd.numel()
     need_dw = need_dw and weight is not None
-    dx = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    x_dtype = DTYPES[variant.x_dtype] if variant.x_dtype else h.dtype
+    dx = torch.empty(h.shape, dtype=x_dtype, device=h.device)
+    dres = torch.empty(h.shape, dtype=h.dtype, device=h.device) if x_dtype != h.dtype else h.new_empty(0)
     dz = torch.empty(gate.shape, dtype=gate.dtype, device=h.device) if gate is not None else h.new_empty(0)
     if rows == 0 or not runs_kernels(h):
         if rows == 0:
             dw = torch.zeros(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
-            return dx, dw, dz
+            return dx, dw, dz, dres
         out = reference.backward_fp64(dy, h, weight, rstd, dh, gate, variant.norm_before_gate,
                                       activation=variant.gate or "silu", weight_offset=variant.weight_offset)
         dx.copy_(out[0])
+        if dres.numel():
+            dres.copy_(out[0])
         if gate is not None:
             dz.copy_(out[2])
         dw = out[1].float() if need_dw else h.new_empty(0, dtype=torch.float32)
-        return dx, dw, dz
+        return dx, dw, dz, dres
 
-    plan = backward_plan(rows, hidden, h.dtype, variant, deterministic, need_dw, arch_of(h.device))
+    # the tile is keyed on x's dtype (a float32 residual stream reads h in float32 with it)
+    plan = backward_plan(rows, hidden, x_dtype, variant, deterministic, need_dw, arch_of(h.device))
     dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
     partial, counter = _workspace(plan, workspace, rows, h.device)
     nh, views = row_views(dy, h, dh, gate)
@@ -131,7 +140,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
         else:                   # every program takes rows, then slices
             grid = (min(max(plan.num_chunks, n_slices), most),)
             row_programs, slice_start = grid[0], 0
-    tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dz if gate is not None else None)
+    tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps)
@@ -157,4 +166,4 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
                 partial, dw, plan.num_chunks, hidden,
                 BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps,
             )
-    return dx, dw, dz
+    return dx, dw, dz, dres

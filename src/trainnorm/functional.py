@@ -88,17 +88,27 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
     """RMSNorm over the last dimension, differentiable in x, weight and residual.
 
     Returns y, or (y, h) with a residual, where h = x + residual (rounded to
-    x's dtype) is the next residual stream. ``weight=None`` means no affine;
+    the residual's dtype: x's, or float32 for a float32 residual stream under
+    16-bit x) is the next residual stream. ``weight=None`` means no affine;
     ``eps=None`` means ``torch.finfo(x.dtype).eps``. ``deterministic=False``
     allows a faster dw whose last bits may vary between calls.
     """
     _check_activation("x", x)
     weight = _check_weight(weight, x)
-    if residual is not None:
-        _check_like("residual", residual, x, "x")
+    _check_residual(residual, x)
     eps = _check_eps(eps, x.dtype)
     _check_flag("deterministic", deterministic)
     return RMSNormFunction.apply(x, weight, eps, residual, deterministic)
+
+
+def _check_residual(residual, x):
+    """The residual: x's dtype, or float32 under 16-bit x (a float32 residual stream)."""
+    if residual is None:
+        return
+    if isinstance(residual, torch.Tensor) and residual.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32 (a float32 residual "
+                        f"stream), got {residual.dtype}")
+    _check_like("residual", residual, x, "x", dtype=getattr(residual, "dtype", None))
 
 
 def _check_gate(gate, x):
@@ -149,7 +159,7 @@ def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True,
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     variant = _gated_variant(weight, norm_before_gate, activation)
-    dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, variant.spec,
+    dx, dw, dz, _ = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, variant.spec,
                                                   deterministic, True, workspace)
     return dx, dz, (dw if weight is not None else None)
 
@@ -159,8 +169,7 @@ def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
     h is x + residual (or x itself without a residual)."""
     _check_activation("x", x)
     weight = _check_weight(weight, x)
-    if residual is not None:
-        _check_like("residual", residual, x, "x")
+    _check_residual(residual, x)
     eps = _check_eps(eps, x.dtype)
     y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, "")
     return y, rstd, (h if residual is not None else x)
@@ -172,7 +181,8 @@ def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, works
     (see backward_workspace) nothing but the outputs is allocated."""
     _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
     weight = _check_weight(weight, h, "h")
-    dx, dw, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, "", deterministic, True, workspace)
+    dx, dw, _, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, "", deterministic, True,
+                                                    workspace)
     return dx, (dw if weight is not None else None)
 
 

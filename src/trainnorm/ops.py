@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
-from .variant import Variant
+from .variant import DTYPE_NAMES, DTYPES, Variant
 
 
 # Registered with torch.library's low-level API (define + impl + register_fake)
@@ -29,7 +29,7 @@ _lib.define("rms_norm_fwd(Tensor x, Tensor? weight, Tensor? residual, Tensor? ga
             "str variant) -> (Tensor, Tensor, Tensor)")
 _lib.define("rms_norm_bwd(Tensor dy, Tensor h, Tensor? weight, Tensor rstd, Tensor? dh, Tensor? gate, "
             "str variant, bool deterministic, bool need_dw, Tensor(a!)? workspace) "
-            "-> (Tensor, Tensor, Tensor)")
+            "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], gate: Optional[Tensor],
@@ -41,9 +41,10 @@ def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor]
 
 def rms_norm_bwd(dy: Tensor, h: Tensor, weight: Optional[Tensor], rstd: Tensor, dh: Optional[Tensor],
                  gate: Optional[Tensor], variant: str, deterministic: bool, need_dw: bool,
-                 workspace: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dw, dgate); dw is float32 [H], or empty when need_dw is False or there
-    is no weight; dgate is empty without a gate."""
+                 workspace: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dw, dgate, dresidual); dw is float32 [H], or empty when need_dw is False or
+    there is no weight; dgate is empty without a gate; dresidual (in h's dtype) is empty
+    unless the variant names an x dtype other than h's (a float32 residual stream)."""
     v = Variant.from_spec(variant, weight=weight, residual=dh, gate=gate)
     return dispatch.backward(dy, h, weight, rstd, dh, gate, v, deterministic, need_dw, workspace)
 
@@ -87,18 +88,22 @@ _lib.impl("rms_norm_bwd", _autograd_kernel("rms_norm_bwd"), "Autograd")
 
 @torch.library.register_fake("trainnorm::rms_norm_fwd")
 def _(x, weight, residual, gate, eps, variant):
-    y = x.new_empty(x.shape)
+    v = Variant.from_spec(variant, weight=weight, residual=residual, gate=gate)
+    y = x.new_empty(x.shape, dtype=DTYPES[v.y_dtype] if v.y_dtype else x.dtype)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    h = x.new_empty(x.shape) if residual is not None else x.new_empty(0)
+    h = x.new_empty(x.shape, dtype=residual.dtype) if residual is not None else x.new_empty(0)
     return y, rstd, h
 
 
 @torch.library.register_fake("trainnorm::rms_norm_bwd")
 def _(dy, h, weight, rstd, dh, gate, variant, deterministic, need_dw, workspace):
-    dx = h.new_empty(h.shape)
+    v = Variant.from_spec(variant, weight=weight, residual=dh, gate=gate)
+    x_dtype = DTYPES[v.x_dtype] if v.x_dtype else h.dtype
+    dx = h.new_empty(h.shape, dtype=x_dtype)
     n = h.shape[-1] if (need_dw and weight is not None) else 0
     dz = gate.new_empty(gate.shape) if gate is not None else h.new_empty(0)
-    return dx, h.new_empty(n, dtype=torch.float32), dz
+    dres = h.new_empty(h.shape) if x_dtype != h.dtype else h.new_empty(0)
+    return dx, h.new_empty(n, dtype=torch.float32), dz, dres
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -118,8 +123,11 @@ class RMSNormFunction(torch.autograd.Function):
             variant = variant.spec
         elif variant is None:
             variant = "silu" if gate is not None else ""
-        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, gate, eps, variant)
         has_residual = residual is not None
+        if has_residual and residual.dtype != x.dtype:
+            # a float32 residual stream: the backward gives x's gradient in x's dtype
+            variant = ",".join(p for p in (variant, f"x:{DTYPE_NAMES[x.dtype]}") if p)
+        y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, gate, eps, variant)
         ctx.save_for_backward(h if has_residual else x, weight, rstd, gate)
         ctx.has_residual = has_residual
         ctx.deterministic = deterministic
@@ -133,9 +141,11 @@ class RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         if dy is None:
             dy = torch.zeros_like(h)
-        dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
-                                                      ctx.deterministic, need_dw, None)
+        dx, dw, dz, dr = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
+                                                          ctx.deterministic, need_dw, None)
         needs = ctx.needs_input_grad
-        dres = dx if ctx.has_residual and needs[3] else None
+        # the residual's gradient: x's (the same tensor) when both share a dtype, else the
+        # float32 stream's own
+        dres = (dr if dr.numel() else dx) if ctx.has_residual and needs[3] else None
         dgate = dz if gate is not None and needs[5] else None
         return (dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None

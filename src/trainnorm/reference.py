@@ -36,10 +36,11 @@ def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def residual_sum(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """h = x, or round(f32(x) + f32(r)) into x's dtype."""
+    """h = x, or round(f32(x) + f32(r)) into the residual's dtype (x's, or float32: a
+    float32 residual stream under 16-bit activations)."""
     if residual is None:
         return x
-    return (x.float() + residual.float()).to(x.dtype)
+    return (x.float() + residual.float()).to(residual.dtype)
 
 
 # --- gate activations ------------------------------------------------------------------------

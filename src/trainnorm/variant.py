@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import torch
+
 from .reference import GATE_ACTIVATIONS
 
 
@@ -42,6 +44,11 @@ class Variant:
     gate: str | None = None           # the gate's activation ("silu", ...), None without a gate
     norm_before_gate: bool = True     # y = norm(h) * w * a(z); False: y = norm(h * a(z)) * w
     weight_offset: float = 0.0        # y = norm(h) * (offset + w): 1.0 for zero-centred (Gemma-style) weights
+    # dtypes that differ from the residual stream's (h): x's, when the residual stream
+    # is float32 under 16-bit activations (dx in x's dtype, the stream's gradient in
+    # float32); y's, when asked for one (out_dtype). None: h's dtype.
+    x_dtype: str | None = None
+    y_dtype: str | None = None
 
     @property
     def gated(self) -> bool:
@@ -57,6 +64,10 @@ class Variant:
             parts.append(self.gate if self.norm_before_gate else self.gate + ":first")
         if self.weight_offset:
             parts.append(f"w+{self.weight_offset!r}")
+        if self.x_dtype:
+            parts.append(f"x:{self.x_dtype}")
+        if self.y_dtype:
+            parts.append(f"y:{self.y_dtype}")
         return ",".join(parts)
 
     @staticmethod
@@ -72,15 +83,24 @@ class Variant:
 
 @lru_cache(maxsize=None)
 def _from_spec(spec: str, has_weight: bool, has_residual: bool, has_gate: bool) -> Variant:
-    act, order, offset = "", "", 0.0
+    act, order, offset, dtypes = "", "", 0.0, {}
     for part in spec.split(",") if spec else ():
         if part.startswith("w+"):
             offset = float(part[2:])
+        elif part[:2] in ("x:", "y:"):
+            dtypes[part[0]] = part[2:]
         else:
             act, _, order = part.partition(":")
-    if has_gate != bool(act) or order not in ("", "first") or (offset and not has_weight):
+    if (has_gate != bool(act) or order not in ("", "first") or (offset and not has_weight)
+            or any(d not in DTYPES for d in dtypes.values())):
         raise ValueError(f"variant spec {spec!r} does not match the inputs (gate given: {has_gate}, "
                          f"weight given: {has_weight})")
     if act:
         check_activation(act)
-    return Variant(has_weight, has_residual, act or None, order != "first", offset)
+    return Variant(has_weight, has_residual, act or None, order != "first", offset, dtypes.get("x"),
+                   dtypes.get("y"))
+
+
+# the dtypes a variant names, by their short names
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}

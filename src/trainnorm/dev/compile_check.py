@@ -134,8 +134,9 @@ def table_widths() -> list[int]:
 
 
 def exercise(widths, dtypes=DTYPES, gate_orders=(True, False), heads=None):
-    """The forms the plans launch: dtypes, residual, no weight, gate in both orders,
-    per-head views, both dw modes at several row counts."""
+    """The forms the plans launch: dtypes, residual (also a float32 stream), no weight,
+    gate in both orders, the (1 + w) weight, per-head views, both dw modes at several
+    row counts."""
     import trainnorm
     from trainnorm.dev.tune import GATED_HEAD_LAYOUTS, HEAD_LAYOUTS
     heads = {**GATED_HEAD_LAYOUTS, **HEAD_LAYOUTS} if heads is None else heads
@@ -155,6 +156,19 @@ def exercise(widths, dtypes=DTYPES, gate_orders=(True, False), heads=None):
                 trainnorm.rms_norm_gated_forward(x, r, w, norm_before_gate=nbg)
                 for det in (True, False):
                     trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd, norm_before_gate=nbg, deterministic=det)
+            if dtype != torch.float32:
+                _stream_forms(x, r, dy, dh, w, rstd, deterministic=(True, False))
+
+
+def _stream_forms(x, r, dy, dh, w, rstd, deterministic=(True,)):
+    """A float32 residual stream under 16-bit x, and the (1 + w) weight, through the ops."""
+    x_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
+    h = torch.empty(x.shape, dtype=torch.float32)
+    torch.ops.trainnorm.rms_norm_fwd(x, w, r.float(), None, 1e-6, f"x:{x_name}")
+    for det in deterministic:
+        torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh.float(), None, f"x:{x_name}", det, True, None)
+        torch.ops.trainnorm.rms_norm_bwd(dy, x, w, rstd, None, None, "w+1.0", det, True, None)
+    torch.ops.trainnorm.rms_norm_fwd(x, w, None, None, 1e-6, "w+1.0")
 
 
 def _shapes(widths, heads):
@@ -181,6 +195,7 @@ def exercise_quick():
     trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh)
     trainnorm.rms_norm_gated_forward(x, r, w)
     trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
+    _stream_forms(x, r, dy, dh, w, rstd)
     for lead, hidden, layout in (((300,), 8200, "contig"), ((16, 24), 256, "heads")):
         x, r, dy, dh, w = _case(lead, hidden, torch.bfloat16, torch.bfloat16, layout)
         rstd = torch.empty(lead, dtype=torch.float32)

@@ -89,7 +89,7 @@ def _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE: tl.constexpr, GATE_FIRST:
 
 
 @triton.jit
-def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DZ, o_m, o_c, mask,
+def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_c, mask,
                        n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr,
                        GATE_FIRST: tl.constexpr):
     """dx (+ dh) and, with a gate, dz of a tile (rows o_m, columns o_c), rounded and stored."""
@@ -109,6 +109,9 @@ def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, D
         b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
     o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_c[None, :]
     tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty), mask=mask)
+    if DR is not None:
+        # a float32 residual stream: its gradient too, unrounded, beside x's (in x's dtype)
+        tl.store(DR + o_dx, round_to(b_dx, DR.dtype.element_ty), mask=mask)
     if GATE is not None:
         tl.store(DZ + o_dx, round_to(b_dz, DZ.dtype.element_ty), mask=mask)
 
@@ -163,7 +166,7 @@ def _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE: tl.constexpr, GATE_FIRST: 
 
 
 @triton.jit
-def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2, b_dwb, row_start, row_end,
+def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2, b_dwb, row_start, row_end,
                 n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr,
                 GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, LOADS: tl.constexpr,
@@ -174,7 +177,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
     m_n = o_n < n_cols
-    wide = HX.dtype.element_ty.primitive_bitwidth > 16
+    wide = HX.dtype.element_ty.primitive_bitwidth > 16 or DY.dtype.element_ty.primitive_bitwidth > 16
     if BLOCK_N2 > 0:
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
         m_n2 = o_n2 < n_cols
@@ -219,7 +222,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw
             q_h, q_dy, q_a, q_da, q_xhat, q_g = _tile_terms(q_h, q_dy, q_z, b_rstd, W, b_w2, GATE, GATE_FIRST)
             b_s += tl.sum(q_g * q_xhat, axis=1)
         b_c = b_s / n_cols
-        _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DZ, o_m, o_n, mask,
+        _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_n, mask,
                            n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
         if NEED_DW:
             if DW_2D:
@@ -227,7 +230,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw
             else:
                 b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
         if BLOCK_N2 > 0:
-            _store_input_grads(q_h, q_dy, b_rstd, W, b_w2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DZ, o_m, o_n2,
+            _store_input_grads(q_h, q_dy, b_rstd, W, b_w2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DR, DZ, o_m, o_n2,
                                mask2, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
             if NEED_DW:
                 b_dwb += tl.sum(_dw_terms(q_dy, q_h, b_rstd, q_a, GATE, wide), axis=0)
@@ -288,7 +291,7 @@ def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2
 
 @triton.jit
 def bwd_one_tile_kernel(
-    DY, HX, Z, W, RSTD, DH, DX, DZ, DW, PARTIAL, COUNTER, DESC_DY, DESC_H,
+    DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DW, PARTIAL, COUNTER, DESC_DY, DESC_H,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks,
@@ -321,7 +324,7 @@ def bwd_one_tile_kernel(
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
         row_start = chunk * rows_per_chunk
         row_end = tl.minimum(row_start + rows_per_chunk, rows)
-        b_dw, b_dw2, b_dwb = _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2,
+        b_dw, b_dw2, b_dwb = _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2,
                                          b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
                                          stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
                                          BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
@@ -360,7 +363,7 @@ def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE: tl.con
 
 
 @triton.jit
-def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end, n_cols, NH,
+def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_end, n_cols, NH,
                      stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_TILES: tl.constexpr,
                      TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
@@ -369,7 +372,7 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end,
     (the chunk's row of float64 partials), dw's terms accumulated there in place."""
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
-    wide = HX.dtype.element_ty.primitive_bitwidth > 16
+    wide = HX.dtype.element_ty.primitive_bitwidth > 16 or DY.dtype.element_ty.primitive_bitwidth > 16
     if P_PART is not None:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
             o_c = n0 + o_n
@@ -401,7 +404,7 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end,
             b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE,
                                                        W_OFFSET)
             b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
-            _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DZ, o_m, o_c, mask,
+            _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_c, mask,
                                n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
             if P_PART is not None:
                 b_old = tl.load(P_PART + o_c, mask=m_n, other=0.0)
@@ -413,7 +416,7 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, P_PART, row_start, row_end,
 
 @triton.jit
 def bwd_col_tiles_kernel(
-    DY, HX, Z, W, RSTD, DH, DX, DZ, PARTIAL,
+    DY, HX, Z, W, RSTD, DH, DX, DR, DZ, PARTIAL,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks,
@@ -434,14 +437,14 @@ def bwd_col_tiles_kernel(
             p_part = PARTIAL + chunk * n_cols
         else:
             p_part = None
-        _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, p_part, row_start, row_end, n_cols, NH,
+        _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, p_part, row_start, row_end, n_cols, NH,
                          stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                          BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
 
 
 @triton.jit
 def bwd_col_slices_kernel(
-    DY, HX, Z, W, RSTD, DH, DX, DZ, DW, DESC_DY, DESC_H,
+    DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DW, DESC_DY, DESC_H,
     rows, n_cols, NH,
     stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
     rows_per_chunk, num_chunks, row_programs, slice_start,
@@ -472,17 +475,17 @@ def bwd_col_slices_kernel(
             row_start = chunk * rows_per_chunk
             row_end = tl.minimum(row_start + rows_per_chunk, rows)
             if COL_TILES == 1:
-                _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, DESC_DY, DESC_H, b_w, b_w2, b_none, b_none, b_none,
+                _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_none, b_none, b_none,
                             row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt,
                             stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE,
                             GATE_FIRST, False, LOADS, STAGES, False)
             else:
-                _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DZ, None, row_start, row_end, n_cols, NH,
+                _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, None, row_start, row_end, n_cols, NH,
                                  stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
                                  stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
     if pid >= slice_start:
         # dw by column slices, each over all rows in row order (see above)
-        wide = HX.dtype.element_ty.primitive_bitwidth > 16
+        wide = HX.dtype.element_ty.primitive_bitwidth > 16 or DY.dtype.element_ty.primitive_bitwidth > 16
         o_cn = tl.arange(0, DW_BN)
         o_cm = tl.arange(0, DW_BM)
         for sl in tl.range(pid - slice_start, tl.cdiv(n_cols, DW_BN), grid - slice_start):

@@ -42,10 +42,10 @@ def round_to(b, DTYPE: tl.constexpr):
 @triton.jit
 def add_residual(b_x, b_r, H_OUT, o_out, mask, STORE_H: tl.constexpr):
     """Return f32(h) for a tile of x (and r, None without a residual) as stored:
-    h = x, or h = round(f32(x) + f32(r)) into x's dtype, written to H_OUT (the
-    returned residual stream) with STORE_H."""
+    h = x, or h = round(f32(x) + f32(r)) into H_OUT's dtype (the residual
+    stream's: x's, or float32), written to H_OUT with STORE_H."""
     if b_r is not None:
-        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), b_x.dtype)
+        b_x = round_to(b_x.to(tl.float32) + b_r.to(tl.float32), H_OUT.dtype.element_ty)
         if STORE_H:
             tl.store(H_OUT + o_out, b_x, mask=mask)
     return b_x.to(tl.float32)
