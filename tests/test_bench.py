@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainnorm import reference
-from trainnorm.bench import impls, report, run, shapes, timing
+from trainnorm.bench import block, impls, report, run, shapes, timing
 from trainnorm.bench.report import BenchResult, Measurement
 from trainnorm.bench.shapes import Row
 
@@ -27,7 +27,13 @@ def test_row_counts_and_unique_ids():
     ids = [r.id for r in seed + small + gated]
     assert len(set(ids)) == 105
     assert [r.group for r in seed + small + gated] == ["seed"] * 78 + ["small_t"] * 20 + ["gated"] * 7
-    assert sorted(r.id for r in shapes.all_rows()) == sorted(ids)
+    assert sorted(r.id for r in shapes.default_rows()) == sorted(ids)
+    # every set's rows: ids unique across the sets, the default set first
+    beyond, block = shapes.beyond_rows(), shapes.block_rows()
+    assert len(beyond) == 42 and len(block) == 2
+    every = [r.id for r in shapes.all_rows()]
+    assert len(every) == len(set(every)) == 105 + 42 + 2
+    assert set(every[:105]) == set(ids)
 
 
 def test_gated_rows_bytes_and_data():
@@ -92,7 +98,7 @@ def test_select_rows_substring_and_regex():
     assert len(shapes.select_rows(rows, ["res w32"])) == 7
     assert len(shapes.select_rows(rows, ["res w32", "res w32"])) == 7
     assert shapes.select_rows(rows, ["H9999"]) == []
-    assert len(shapes.select_rows(rows, None)) == 105
+    assert len(shapes.select_rows(shapes.default_rows(), None)) == 105
     assert len(shapes.select_rows(rows, ["gate"])) == 7
 
 
@@ -314,8 +320,11 @@ def test_eager_adapter_dw_check_and_ops():
 
 def test_adapters_have_the_documented_names():
     names = [i.name for i in impls.make_impls(quack_autotune=True)]
-    assert names == list(impls.IMPL_NAMES[:5]) + ["quack-autotune", "liger", "transformer-engine", "eager"]
-    assert sorted(names) == sorted(impls.IMPL_NAMES)
+    assert names == ["trainnorm", "trainnorm-fast", "torch-compile", "torch-compile-maxat", "quack", "quack-f32dw",
+                     "quack-autotune", "liger", "transformer-engine", "eager"]
+    block_names = [i.name for i in block.make_block_impls()]
+    assert block_names == ["trainnorm", "trainnorm-fast", "torch-compile", "trainnorm-eager", "eager"]
+    assert set(names) | set(block_names) == set(impls.IMPL_NAMES)
     assert "quack-autotune" not in [i.name for i in impls.make_impls()]
     liger = impls.Liger()
     assert liger.skip_reason(by_id()["H6144 T1024 res"]) and liger.skip_reason(by_id()["H6144 T1024"]) is None
