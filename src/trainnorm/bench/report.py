@@ -392,7 +392,7 @@ def render_markdown(result: BenchResult) -> str:
             "latency (> 1: trainnorm is faster). Best peer for bwd and step: the fastest non-trainnorm "
             f"implementation whose dw is float32 and within err/tol <= {DW_BUDGET:g}. "
             "step = fwd + fwd + bwd in one graph. Block rows: the peer is the same block with "
-            "torch.nn.RMSNorm compiled, no floor, step = fwd + bwd. "
+            "torch.nn.RMSNorm compiled, no floor, step = fwd + bwd, no bwd alone. "
             "`†` = timed eagerly (graph capture failed).", ""]
     out += summary_lines(result)
     out += ["## Rows", ""] + main_table(comparisons) + [""]

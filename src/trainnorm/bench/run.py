@@ -468,9 +468,9 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
             c = QWEN3_8B
             config["block"] = (f"Qwen3-style decoder block, hidden {c.hidden}, {c.heads} query and {c.kv_heads} "
                                f"key/value heads of {c.head_dim} with q/k norms, rotary, causal SDPA, SwiGLU MLP "
-                               f"{c.intermediate}, bfloat16, batch 1; fwd, bwd (autograd.grad of input and "
-                               "parameters) and step = fwd + bwd; compiled whole: torch.compile(fullgraph=True, "
-                               "dynamic=False), Inductor defaults")
+                               f"{c.intermediate}, bfloat16, batch 1; fwd (training forward) and step = fwd + "
+                               "autograd.grad of the input and every parameter; compiled whole: "
+                               "torch.compile(fullgraph=True, dynamic=False), Inductor defaults")
         print(f"trainnorm bench: {env['gpu']} ({env['sm_count']} SMs); measuring copy bandwidth", file=sys.stderr)
         bw = timing.copy_bandwidth(device)
         flush = timing.L2Flush(device)

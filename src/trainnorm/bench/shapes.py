@@ -25,8 +25,9 @@ These 105 rows are the default set. Two more sets are timed on request
 - "block" (2 rows): a Qwen3-style decoder block (bench/block.py) compiled whole
   with torch.compile, with trainnorm's norms against torch.nn.RMSNorm, at
   T 4096 and 16384. Its ops time the block: fwd (the training forward, which
-  saves what the backward needs), bwd (the backward alone) and step = fwd + bwd
-  (no recompute); it has no copy floor.
+  saves what the backward needs) and step = fwd + bwd (no recompute); bwd
+  alone is not timed (compiled, the backward runs once per forward). No copy
+  floor.
 
 Ops: ``fwd``; ``bwd``; ``step`` = fwd + fwd + bwd in one graph (activation
 checkpointing recomputes the forward before the backward).
