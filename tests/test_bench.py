@@ -495,20 +495,28 @@ def test_block_rows_compare_compiled_blocks_without_dw():
     rows = by_id()
     res = fake_result([("H4096 T1024", "bwd", 1.2)])
     res.rows = res.rows + [rows["block T4096"]]
-    res.measurements += block_cells(op="bwd") + block_cells(op="step")
+    res.measurements += block_cells(op="fwd") + block_cells(op="step")
+    # the block's bwd alone: skipped by every implementation, so no comparison and no table line
+    res.measurements += [Measurement("block T4096", "bwd", m.impl, mode="skipped", note="bwd skipped: why")
+                         for m in block_cells()]
     res.impls = ["trainnorm", "trainnorm-fast", "trainnorm-eager", "torch-compile", "liger", "eager"]
     cs = {(c.row.id, c.op): c for c in report.compare(res)}
-    blk = cs[("block T4096", "bwd")]
+    assert ("block T4096", "bwd") not in cs
+    blk = cs[("block T4096", "fwd")]
     # no dw on block rows, yet the compiled torch block is matched; eager never is the peer
     assert blk.peer.impl == "torch-compile" and blk.ratio_det == pytest.approx(1.1) and blk.outside == []
     assert blk.floor_us is None
+    # on step (dw-checked ops for norm rows) the block's peer needs no dw either
+    assert cs[("block T4096", "step")].peer.impl == "torch-compile"
     # the norm rows keep their dw condition: the BF16-dw liger is not matched there
     assert cs[("H4096 T1024", "bwd")].peer.impl == "torch-compile"
     summ = {(s["group"], s["op"]): s for s in report.summarize(report.compare(res))}
     assert summ[("block", "step")]["det_geomean"] == pytest.approx(1.1)
     assert summ[("block", "step")]["det_at_par"] == 1
+    assert ("block", "bwd") not in summ
     md = report.render_markdown(res)
     assert "| decoder block, compiled | step | 1 | 0 | 1.10x |" in md
+    assert "| block T4096 | bwd |" not in md and "bwd skipped: why (1 row: block T4096)" in md
     assert "| block T4096 | step | 100.00 | 98.00 | 110.00 | 1.10x | 200.00 | 90.00 | 0.45x |" in md
     data = json.loads(json.dumps(report.to_json(res), allow_nan=False))
     blk_row = next(r for r in data["rows"] if r["id"] == "block T4096")

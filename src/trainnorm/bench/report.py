@@ -29,7 +29,7 @@ from . import shapes
 from .shapes import Row
 
 DW_BUDGET = 1.0
-PAR = 0.97             # the speed goals' bar: within 3% of the best matched peer
+PAR = 0.97             # level with the best matched peer: within 3% of its latency
 TRAINNORM_DET = "trainnorm"
 TRAINNORM_FAST = "trainnorm-fast"
 TRAINNORM_EAGER = "trainnorm-eager"     # the eager block with trainnorm's norms (block rows)
@@ -139,13 +139,22 @@ def index(measurements: list[Measurement]) -> dict[tuple[str, str], dict[str, Me
     return out
 
 
+def row_cells(cells: dict, row: Row, op: str) -> dict[str, Measurement] | None:
+    """A (row, op)'s measurements, or None where there are none or every one was skipped
+    (an op that no implementation takes on that row, like the block's bwd: the notes say why)."""
+    c = cells.get((row.id, op))
+    if c is None or all(m.mode == "skipped" for m in c.values()):
+        return None
+    return c
+
+
 def compare(result: BenchResult, without: tuple[str, ...] = ()) -> list[Comparison]:
     """One comparison per (row, op) that has any measurement, in row order; `without`: peers left out."""
     cells = index(result.measurements)
     out = []
     for row in result.rows:
         for op in result.ops:
-            c = cells.get((row.id, op))
+            c = row_cells(cells, row, op)
             if c is None:
                 continue
             peer, outside = best_peer(c, op, block=row.block, without=without)
@@ -295,7 +304,7 @@ def block_table(result: BenchResult) -> list[str]:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         for op in result.ops:
-            c = cells.get((row.id, op))
+            c = row_cells(cells, row, op)
             if c is None:
                 continue
             det, fast, peer = us(c, TRAINNORM_DET), us(c, TRAINNORM_FAST), us(c, BLOCK_PEERS[0])
@@ -313,7 +322,7 @@ def all_impls_table(result: BenchResult) -> list[str]:
              "| --- | --- | " + " | ".join("---:" for _ in impls) + " |"]
     for row in result.rows:
         for op in result.ops:
-            c = cells.get((row.id, op))
+            c = row_cells(cells, row, op)
             if c is None:
                 continue
             vals = []
