@@ -516,7 +516,14 @@ def test_block_rows_compare_compiled_blocks_without_dw():
     assert ("block", "bwd") not in summ
     md = report.render_markdown(res)
     assert "| decoder block, compiled | step | 1 | 0 | 1.10x |" in md
-    assert "| block T4096 | bwd |" not in md and "bwd skipped: why (1 row: block T4096)" in md
+    assert "| block T4096 | bwd |" not in md and "- trainnorm: bwd skipped: why (1 row: block T4096)" in md
+    # a note on every row an implementation was given is said once, not row by row
+    res.rows.append(rows["block T16384"])
+    res.measurements += [Measurement("block T16384", "bwd", m.impl, mode="skipped", note="bwd skipped: why")
+                         for m in block_cells()]
+    md = report.render_markdown(res)
+    assert "- eager: bwd skipped: why (2 rows: block T4096, block T16384)" in md   # eager ran H4096 T1024 too
+    assert "- trainnorm-eager: bwd skipped: why (all 2 of its rows)" in md
     assert "| block T4096 | step | 100.00 | 98.00 | 110.00 | 1.10x | 200.00 | 90.00 | 0.45x |" in md
     data = json.loads(json.dumps(report.to_json(res), allow_nan=False))
     blk_row = next(r for r in data["rows"] if r["id"] == "block T4096")

@@ -367,13 +367,18 @@ def notes(result: BenchResult, comparisons: list[Comparison]) -> list[str]:
     for name, why in result.unavailable.items():
         lines.append(f"- {name}: not run, {why}")
     grouped: dict[tuple[str, str], list[str]] = {}
+    ran: dict[str, set[str]] = {}          # the rows each implementation was given
     for m in result.measurements:
+        ran.setdefault(m.impl, set()).add(m.row)
         if m.note:
             rows = grouped.setdefault((m.impl, m.note), [])
             if m.row not in rows:
                 rows.append(m.row)
     for (impl, note), rows in grouped.items():
-        lines.append(f"- {impl}: {note} ({len(rows)} row{'s' if len(rows) != 1 else ''}: {', '.join(rows)})")
+        if len(rows) > 1 and set(rows) == ran[impl]:
+            lines.append(f"- {impl}: {note} (all {len(rows)} of its rows)")
+        else:
+            lines.append(f"- {impl}: {note} ({len(rows)} row{'s' if len(rows) != 1 else ''}: {', '.join(rows)})")
     outside = [c for c in comparisons if c.outside]
     if outside:
         lines.append("")
@@ -407,8 +412,10 @@ def render_markdown(result: BenchResult) -> str:
     out += ["## Rows", ""] + main_table(comparisons) + [""]
     blocks = block_table(result)
     if blocks:
-        out += ["## Decoder block: torch.compile of the whole block, trainnorm's norms vs torch.nn.RMSNorm",
-                "", f"{result.config.get('block', '')}", ""] + blocks + [""]
+        out += ["## Decoder block: torch.compile of the whole block, trainnorm's norms vs torch.nn.RMSNorm", ""]
+        if result.config.get("block"):
+            out += [result.config["block"], ""]
+        out += blocks + [""]
     n = notes(result, comparisons)
     if n:
         out += ["## Notes", ""] + n + [""]
