@@ -77,10 +77,18 @@ class RowData:
         return None if t is None else t.view(-1, t.shape[-1])
 
 
-def make_row_data(row: Row, device, seed: int = 0) -> RowData:
-    """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1); a seed per row id."""
+def row_generator(row: Row, device, seed: int = 0) -> torch.Generator:
+    """The random generator of a row's inputs: one seed per (seed, row id)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed * 1_000_003 + zlib.crc32(row.id.encode()))
+    return gen
+
+
+def make_row_data(row: Row, device, seed: int = 0) -> RowData:
+    """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1); a seed per row id."""
+    if row.block:
+        raise ValueError(f"row {row.id!r} is a block row: its data is bench.block.make_block_data's")
+    gen = row_generator(row, device, seed)
 
     def randn(*shape, dtype=ACT_DTYPE):
         return torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -179,6 +187,7 @@ class Impl:
 
     name = ""
     description = ""
+    checks_dw = True      # compute_dw gives a dw to check against FP64 on bwd and step rows
 
     def __init__(self):
         self.reason = ""
@@ -194,6 +203,10 @@ class Impl:
 
     def row_note(self, row: Row) -> str:
         return ""
+
+    def op_skip_reason(self, op: str) -> str | None:
+        """Why the adapter leaves out an op on every row (None: it times the op)."""
+        return None
 
     def begin_row(self, d: RowData) -> None:
         pass
@@ -389,6 +402,54 @@ class Quack(Impl):
         return state[2], state[1]
 
 
+class QuackF32dw(Quack):
+    """QuACK's forward and backward kernels, with the backward's float32 dw partials
+    summed in float32.
+
+    QuACK's rmsnorm_bwd computes dw as float32 partials, one row per program,
+    sums them in float32 and casts the sum to the weight's dtype: BF16 on
+    BF16-weight rows, outside the contract's dw dtype. Here the backward calls
+    the op rmsnorm_bwd does on these inputs (2-D, with a weight),
+    ``torch.ops.quack.rmsnorm_bwd_f(x, weight, dout, rstd, dresidual_out, sm_count)
+    -> (dx, dw_partial)`` (registered by quack.rmsnorm, QuACK >= 0.6.2), with
+    ``quack.rmsnorm.get_sm_count(H, device)`` partials as rmsnorm_bwd takes, and
+    sums dw_partial [sm_count, H] in float32 (dh has x's dtype on the bench's
+    residual rows: the kernel adds it into dx). The forward is Quack's: the fwd
+    op is left to that adapter, and FP32-weight rows too, where QuACK's own dw
+    is already the float32 sum."""
+
+    name = "quack-f32dw"
+    description = "QuACK rmsnorm_fwd / torch.ops.quack.rmsnorm_bwd_f, dw partials summed in float32"
+
+    def __init__(self):
+        super().__init__()
+        self.bwd_partials = None
+
+    def available(self):
+        if not super().available():
+            return False
+        try:
+            self.bwd_partials = torch.ops.quack.rmsnorm_bwd_f
+        except (AttributeError, RuntimeError) as exc:
+            self.reason = f"QuACK has no rmsnorm_bwd_f op (it came in 0.6.2; {first_line(exc)})"
+            return False
+        return True
+
+    def skip_reason(self, row):
+        if row.w32:
+            return "quack's own dw is the float32 sum on FP32-weight rows"
+        return super().skip_reason(row)
+
+    def op_skip_reason(self, op):
+        return "its forward is quack's" if op == "fwd" else None
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        sm_count = self.qr.get_sm_count(h.shape[-1], h.device)
+        dx, dw_partial = self.bwd_partials(h, d.w, d.flat(d.dy), rstd, d.flat(d.dh), sm_count)
+        return dx, dw_partial.sum(dim=0, dtype=torch.float32)
+
+
 class QuackAutotune(Quack):
     """QuACK with its exhaustive per-shape autotune (``rmsnorm_fwd_tuned`` /
     ``rmsnorm_bwd_tuned``); the search runs in the warm-up, before capture."""
@@ -548,14 +609,15 @@ class TransformerEngine(Impl):
         return d.x, reference.rstd_fp32(d.x.float(), EPS)
 
 
-IMPL_NAMES = ("trainnorm", "trainnorm-fast", "torch-compile", "torch-compile-maxat", "quack",
-              "quack-autotune", "liger", "transformer-engine", "eager")
+# every name `--impls` takes; trainnorm-eager is the eager block with trainnorm's norms (block rows only)
+IMPL_NAMES = ("trainnorm", "trainnorm-fast", "trainnorm-eager", "torch-compile", "torch-compile-maxat", "quack",
+              "quack-f32dw", "quack-autotune", "liger", "transformer-engine", "eager")
 
 
 def make_impls(quack_autotune: bool = False) -> list[Impl]:
-    """Every adapter, in the order of the report (trainnorm first, eager last)."""
+    """Every adapter of the norm rows, in the order of the report (trainnorm first, eager last)."""
     impls: list[Impl] = [Trainnorm(True), Trainnorm(False), Compiled("default"),
-                         Compiled("max-autotune-no-cudagraphs"), Quack()]
+                         Compiled("max-autotune-no-cudagraphs"), Quack(), QuackF32dw()]
     if quack_autotune:
         impls.append(QuackAutotune())
     impls += [Liger(), TransformerEngine(), Eager()]

@@ -10,7 +10,13 @@ dtype) and its dw meets the budget B = 1: err/tol <= 1 with
 err/tol = max |dw - ref| / (1e-4 + 1e-4 |ref|) against FP64 at its own rstd.
 Faster peers that fail either condition are listed under the table.
 
+The decoder-block rows compare whole blocks: trainnorm's compiled block
+against the same block with torch.nn.RMSNorm compiled (their only peer), with
+no dw condition; the eager blocks are reported beside them.
+
 Ratios are peer latency / trainnorm latency: above 1 trainnorm is faster.
+The summary is given once with every peer and once without each peer of
+WITHOUT_PEERS, to show what that peer changes.
 """
 from __future__ import annotations
 
@@ -23,10 +29,16 @@ from . import shapes
 from .shapes import Row
 
 DW_BUDGET = 1.0
+PAR = 0.97             # level with the best matched peer: within 3% of its latency
 TRAINNORM_DET = "trainnorm"
 TRAINNORM_FAST = "trainnorm-fast"
-TRAINNORM_NAMES = (TRAINNORM_DET, TRAINNORM_FAST)
-GROUPS = (("seed", "78-shape list"), ("small_t", "small T"), ("gated", "gated"))
+TRAINNORM_EAGER = "trainnorm-eager"     # the eager block with trainnorm's norms (block rows)
+TRAINNORM_NAMES = (TRAINNORM_DET, TRAINNORM_FAST, TRAINNORM_EAGER)
+BLOCK_PEERS = ("torch-compile",)        # the block rows' peer: the same block with torch.nn.RMSNorm, compiled
+BLOCK_EAGER_PEER = "eager"
+WITHOUT_PEERS = ("quack-f32dw",)        # peers the summary is also given without
+GROUPS = (("seed", "78-shape list"), ("small_t", "small T"), ("gated", "gated"),
+          ("beyond", "beyond the table"), ("block", "decoder block, compiled"))
 
 
 @dataclass
@@ -63,7 +75,7 @@ class BenchResult:
     unavailable: dict[str, str] = field(default_factory=dict)
 
     def floor_us(self, row: Row, op: str) -> float | None:
-        if not self.copy_bytes_per_s:
+        if not self.copy_bytes_per_s or not row.has_floor:
             return None
         return shapes.floor_us(row, op, self.copy_bytes_per_s)
 
@@ -95,21 +107,27 @@ def _ratio(peer: Measurement | None, mine: Measurement | None) -> float | None:
 
 # --- matching -------------------------------------------------------------------------------
 
-def is_matched(m: Measurement, op: str, budget: float = DW_BUDGET) -> bool:
-    """A peer's result can stand in for trainnorm's: timed, and for bwd/step an FP32 dw within budget."""
+def is_matched(m: Measurement, op: str, budget: float = DW_BUDGET, needs_dw: bool = True) -> bool:
+    """A peer's result can stand in for trainnorm's: timed, and for bwd/step (where the
+    row checks dw) an FP32 dw within budget."""
     if not m.timed:
         return False
-    if op == "fwd":
+    if op == "fwd" or not needs_dw:
         return True
     return m.dw_dtype == "float32" and m.dw_err is not None and m.dw_err <= budget
 
 
-def best_peer(cells: dict[str, Measurement], op: str, budget: float = DW_BUDGET):
-    """(fastest matched peer or None, faster unmatched peers sorted by latency)."""
-    peers = [m for name, m in cells.items() if name not in TRAINNORM_NAMES and m.timed]
-    matched = [m for m in peers if is_matched(m, op, budget)]
+def best_peer(cells: dict[str, Measurement], op: str, budget: float = DW_BUDGET, *, block: bool = False,
+              without: tuple[str, ...] = ()):
+    """(fastest matched peer or None, faster unmatched peers sorted by latency).
+
+    block: a decoder-block row (its peers are BLOCK_PEERS, with no dw condition);
+    without: peers left out of the comparison."""
+    peers = [m for name, m in cells.items() if name not in TRAINNORM_NAMES and name not in without and m.timed
+             and (not block or name in BLOCK_PEERS)]
+    matched = [m for m in peers if is_matched(m, op, budget, needs_dw=not block)]
     best = min(matched, key=lambda m: m.median_us) if matched else None
-    outside = sorted((m for m in peers if not is_matched(m, op, budget)
+    outside = sorted((m for m in peers if not is_matched(m, op, budget, needs_dw=not block)
                       and (best is None or m.median_us < best.median_us)), key=lambda m: m.median_us)
     return best, outside
 
@@ -121,16 +139,25 @@ def index(measurements: list[Measurement]) -> dict[tuple[str, str], dict[str, Me
     return out
 
 
-def compare(result: BenchResult) -> list[Comparison]:
-    """One comparison per (row, op) that has any measurement, in row order."""
+def row_cells(cells: dict, row: Row, op: str) -> dict[str, Measurement] | None:
+    """A (row, op)'s measurements, or None where there are none or every one was skipped
+    (an op that no implementation takes on that row, like the block's bwd: the notes say why)."""
+    c = cells.get((row.id, op))
+    if c is None or all(m.mode == "skipped" for m in c.values()):
+        return None
+    return c
+
+
+def compare(result: BenchResult, without: tuple[str, ...] = ()) -> list[Comparison]:
+    """One comparison per (row, op) that has any measurement, in row order; `without`: peers left out."""
     cells = index(result.measurements)
     out = []
     for row in result.rows:
         for op in result.ops:
-            c = cells.get((row.id, op))
+            c = row_cells(cells, row, op)
             if c is None:
                 continue
-            peer, outside = best_peer(c, op)
+            peer, outside = best_peer(c, op, block=row.block, without=without)
             out.append(Comparison(row, op, result.floor_us(row, op), c.get(TRAINNORM_DET),
                                   c.get(TRAINNORM_FAST), peer, outside))
     return out
@@ -146,8 +173,8 @@ def geomean(values) -> float | None:
 
 
 def summarize(comparisons: list[Comparison]) -> list[dict]:
-    """Geomean and minimum of the ratios vs the best matched peer, per op, over the
-    78 shapes and over the small-T rows; rows without a matched peer are counted apart."""
+    """Geomean and minimum of the ratios vs the best matched peer, and the rows below 1 and
+    at PAR or above, per op and group; rows without a matched peer are counted apart."""
     out = []
     for group, _ in GROUPS:
         for op in shapes.OPS:
@@ -162,6 +189,7 @@ def summarize(comparisons: list[Comparison]) -> list[dict]:
                 "unmatched": sum(1 for c in cs if c.peer is None),
                 "det_geomean": geomean(det), "det_min": min(det) if det else None,
                 "det_below_1": sum(1 for r in det if r < 1),
+                "det_at_par": sum(1 for r in det if r >= PAR),
                 "fast_geomean": geomean(fast), "fast_min": min(fast) if fast else None,
                 "fast_below_1": sum(1 for r in fast if r < 1),
                 "fast_vs_det_geomean": geomean(fvd),
@@ -227,14 +255,63 @@ def summary_table(summary: list[dict]) -> list[str]:
     names = dict(GROUPS)
     lines = [
         "| rows | op | n | no matched peer | det vs peer geomean | det vs peer min | det rows < 1 "
-        "| fast vs peer geomean | fast vs peer min | fast rows < 1 | fast vs det geomean |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| det rows >= {PAR:g}x | fast vs peer geomean | fast vs peer min | fast rows < 1 | fast vs det geomean |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summary:
         lines.append(
             f"| {names[s['group']]} | {s['op']} | {s['rows']} | {s['unmatched']} | {_x(s['det_geomean'])} "
-            f"| {_x(s['det_min'])} | {s['det_below_1']} | {_x(s['fast_geomean'])} | {_x(s['fast_min'])} "
-            f"| {s['fast_below_1']} | {_x(s['fast_vs_det_geomean'])} |")
+            f"| {_x(s['det_min'])} | {s['det_below_1']} | {s['det_at_par']} | {_x(s['fast_geomean'])} "
+            f"| {_x(s['fast_min'])} | {s['fast_below_1']} | {_x(s['fast_vs_det_geomean'])} |")
+    return lines
+
+
+def without_peers(result: BenchResult) -> list[str]:
+    """The peers of WITHOUT_PEERS that timed anything in this result."""
+    timed = {m.impl for m in result.measurements if m.timed}
+    return [p for p in WITHOUT_PEERS if p in timed]
+
+
+def summaries(result: BenchResult) -> list[tuple[str, list[dict]]]:
+    """(title, summary): with every peer, then without each peer of WITHOUT_PEERS that ran."""
+    out = [("Summary", summarize(compare(result)))]
+    for p in without_peers(result):
+        out.append((f"Summary without {p}", summarize(compare(result, without=(p,)))))
+    return out
+
+
+def summary_lines(result: BenchResult) -> list[str]:
+    """The summaries as markdown sections (what the command line prints at the end)."""
+    lines: list[str] = []
+    for title, summ in summaries(result):
+        lines += [f"## {title}", ""] + summary_table(summ) + [""]
+    return lines
+
+
+def block_table(result: BenchResult) -> list[str]:
+    """The decoder-block rows: each block compiled and eager, and the ratios torch / trainnorm."""
+    cells = index(result.measurements)
+    rows = [r for r in result.rows if r.block]
+    if not rows:
+        return []
+
+    def us(c, name):
+        m = c.get(name)
+        return m.median_us if m is not None and m.timed else None
+
+    lines = ["| row | op | trainnorm compiled us | trainnorm-fast compiled us | torch.nn.RMSNorm compiled us "
+             "| compiled: torch / trainnorm | trainnorm eager us | torch eager us | eager: torch / trainnorm |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        for op in result.ops:
+            c = row_cells(cells, row, op)
+            if c is None:
+                continue
+            det, fast, peer = us(c, TRAINNORM_DET), us(c, TRAINNORM_FAST), us(c, BLOCK_PEERS[0])
+            eager, eager_peer = us(c, TRAINNORM_EAGER), us(c, BLOCK_EAGER_PEER)
+            lines.append(f"| {row.id} | {op} | {_us(det)} | {_us(fast)} | {_us(peer)} "
+                         f"| {_x(peer / det if peer and det else None)} | {_us(eager)} | {_us(eager_peer)} "
+                         f"| {_x(eager_peer / eager if eager_peer and eager else None)} |")
     return lines
 
 
@@ -245,7 +322,7 @@ def all_impls_table(result: BenchResult) -> list[str]:
              "| --- | --- | " + " | ".join("---:" for _ in impls) + " |"]
     for row in result.rows:
         for op in result.ops:
-            c = cells.get((row.id, op))
+            c = row_cells(cells, row, op)
             if c is None:
                 continue
             vals = []
@@ -290,13 +367,18 @@ def notes(result: BenchResult, comparisons: list[Comparison]) -> list[str]:
     for name, why in result.unavailable.items():
         lines.append(f"- {name}: not run, {why}")
     grouped: dict[tuple[str, str], list[str]] = {}
+    ran: dict[str, set[str]] = {}          # the rows each implementation was given
     for m in result.measurements:
+        ran.setdefault(m.impl, set()).add(m.row)
         if m.note:
             rows = grouped.setdefault((m.impl, m.note), [])
             if m.row not in rows:
                 rows.append(m.row)
     for (impl, note), rows in grouped.items():
-        lines.append(f"- {impl}: {note} ({len(rows)} row{'s' if len(rows) != 1 else ''}: {', '.join(rows)})")
+        if len(rows) > 1 and set(rows) == ran[impl]:
+            lines.append(f"- {impl}: {note} (all {len(rows)} of its rows)")
+        else:
+            lines.append(f"- {impl}: {note} ({len(rows)} row{'s' if len(rows) != 1 else ''}: {', '.join(rows)})")
     outside = [c for c in comparisons if c.outside]
     if outside:
         lines.append("")
@@ -315,7 +397,6 @@ def notes(result: BenchResult, comparisons: list[Comparison]) -> list[str]:
 
 def render_markdown(result: BenchResult) -> str:
     comparisons = compare(result)
-    summary = summarize(comparisons)
     out = ["# trainnorm bench", ""]
     out += _env_lines(result.env, result)
     out += ["", "Method: one CUDA-graph replay per sample after an L2 flush (256 MB written outside the "
@@ -324,9 +405,17 @@ def render_markdown(result: BenchResult) -> str:
             "copy bandwidth above. `% floor` = floor / latency. Ratios = peer latency / trainnorm "
             "latency (> 1: trainnorm is faster). Best peer for bwd and step: the fastest non-trainnorm "
             f"implementation whose dw is float32 and within err/tol <= {DW_BUDGET:g}. "
-            "step = fwd + fwd + bwd in one graph. `†` = timed eagerly (graph capture failed).", ""]
-    out += ["## Summary", ""] + summary_table(summary) + [""]
+            "step = fwd + fwd + bwd in one graph. Block rows: the peer is the same block with "
+            "torch.nn.RMSNorm compiled, no floor, step = fwd + bwd, no bwd alone. "
+            "`†` = timed eagerly (graph capture failed).", ""]
+    out += summary_lines(result)
     out += ["## Rows", ""] + main_table(comparisons) + [""]
+    blocks = block_table(result)
+    if blocks:
+        out += ["## Decoder block: torch.compile of the whole block, trainnorm's norms vs torch.nn.RMSNorm", ""]
+        if result.config.get("block"):
+            out += [result.config["block"], ""]
+        out += blocks + [""]
     n = notes(result, comparisons)
     if n:
         out += ["## Notes", ""] + n + [""]
@@ -342,7 +431,7 @@ def render_markdown(result: BenchResult) -> str:
 def _row_json(row: Row, result: BenchResult) -> dict:
     d = asdict(row)
     d.update(id=row.id, series=row.series, rows=row.rows, shape=list(row.shape),
-             bytes={op: shapes.op_bytes(row, op) for op in result.ops},
+             bytes={op: shapes.op_bytes(row, op) if row.has_floor else None for op in result.ops},
              floor_us={op: result.floor_us(row, op) for op in result.ops})
     return d
 
@@ -379,6 +468,7 @@ def to_json(result: BenchResult) -> dict:
             "faster_unmatched": [m.impl for m in c.outside],
         } for c in comparisons],
         "summary": summarize(comparisons),
+        "summary_without": {p: summarize(compare(result, without=(p,))) for p in without_peers(result)},
     })
 
 

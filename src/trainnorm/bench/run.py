@@ -22,7 +22,8 @@ import time
 import torch
 
 from . import report, shapes, timing
-from .impls import EPS, IMPL_NAMES, Impl, RowData, dw_check, make_impls, make_row_data
+from .block import QWEN3_8B, make_block_data, make_block_impls
+from .impls import EPS, IMPL_NAMES, Impl, dw_check, make_impls, make_row_data
 from .timing import first_line
 from .report import DW_BUDGET, TRAINNORM_NAMES, BenchResult, Measurement
 
@@ -38,12 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Latency of trainnorm's forward, backward and 2 x fwd + bwd against its peers "
                     "(CUDA-graph replays after an L2 flush, median of interleaved passes), with the "
                     "copy-bandwidth floor of every row and the dw accuracy of every implementation.")
+    p.add_argument("--set", default="default", metavar="NAMES",
+                   help="comma-separated row sets: " + "; ".join(f"{s.name} ({len(s.rows())} rows: {s.description})"
+                                                                for s in shapes.ROW_SETS.values())
+                        + f"; or {shapes.ALL_SETS} (default: default)")
     p.add_argument("--quick", action="store_true",
-                   help=f"a representative subset ({len(shapes.QUICK_IDS)} rows) with {QUICK_SAMPLES} "
-                        "samples per pass")
+                   help=f"a representative subset of each set ({len(shapes.QUICK_IDS)} rows of the default set) "
+                        f"with {QUICK_SAMPLES} samples per pass")
     p.add_argument("--shapes", action="append", metavar="PATTERN",
-                   help="keep rows whose id contains PATTERN or matches it as a regex, e.g. 'H6144', "
-                        "'res', '^H4096 T(1|4)$' (repeatable)")
+                   help="keep rows of the sets whose id contains PATTERN or matches it as a regex, e.g. "
+                        "'H6144', 'res', '^H4096 T(1|4)$', '[T,8,128]', 'block' (repeatable)")
     p.add_argument("--ops", default=",".join(shapes.OPS), help="comma-separated subset of fwd,bwd,step")
     p.add_argument("--impls", default=None,
                    help="comma-separated subset of: " + ", ".join(IMPL_NAMES) + " (default: all but quack-autotune)")
@@ -77,7 +82,7 @@ def merge_files(paths: list[str], out: str) -> int:
             parts.append(report.from_json(json.load(f)))
     result = report.merge(parts)
     written, note = report.write_outputs(result, out)
-    print("\n".join(report.summary_table(report.summarize(report.compare(result)))))
+    print("\n".join(report.summary_lines(result)))
     if note:
         print(f"trainnorm bench: {note}", file=sys.stderr)
     print(f"trainnorm bench: merged {len(parts)} runs, {len(result.rows)} rows; wrote " + ", ".join(written))
@@ -112,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in ops if o not in shapes.OPS]
     if not ops or bad:
         return _err(f"--ops must be a comma-separated subset of {','.join(shapes.OPS)}, got {args.ops!r}")
-    rows = shapes.select_rows(shapes.quick_rows() if args.quick else shapes.all_rows(), args.shapes)
+    try:
+        sets = shapes.parse_sets(args.set)
+    except ValueError as exc:
+        return _err(str(exc))
+    rows = shapes.select_rows(shapes.set_rows(sets, quick=args.quick), args.shapes)
     if args.skip_done:
         done: set[str] = set()
         for path in args.skip_done:
@@ -123,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainnorm bench: every selected row is in {', '.join(args.skip_done)}", file=sys.stderr)
             return 0
     if not rows:
-        return _err(f"no row id matches --shapes {args.shapes}; `trainnorm bench --list` prints the ids")
+        return _err(f"no row id of --set {args.set} matches --shapes {args.shapes}; "
+                    "`trainnorm bench --list --set all` prints the ids")
     if args.impls is None:
         names = [n for n in IMPL_NAMES if n != "quack-autotune"]
     else:
@@ -138,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         return _err("--passes and --samples must be at least 1")
     if args.list:
         print(f"{len(rows)} rows x {len(ops)} ops ({', '.join(ops)}); implementations: {', '.join(names)}")
+        marks = {"small_t": "  (small T)", "gated": "  (gated)", "beyond": "  (beyond the table)",
+                 "block": "  (decoder block)"}
         for r in rows:
-            print(f"  {r.id}{'  (small T)' if r.small_t else ''}{'  (gated)' if r.gated else ''}")
+            print(f"  {r.id}{marks.get(r.group, '')}")
         return 0
     if args.warm_only and args.jobs < 1:
         return _err("--warm-only needs --jobs N (N >= 1)")
@@ -243,6 +255,26 @@ class Progress:
             sys.stderr.write("\n")
 
 
+# --- adapters and data per row ----------------------------------------------------------------
+
+def make_adapters(rows: list[shapes.Row], names: list[str]) -> tuple[list[Impl], list[Impl]]:
+    """(norm adapters, block adapters) named in `names`, each list empty when no selected row needs it."""
+    norm = [i for i in make_impls(quack_autotune="quack-autotune" in names) if i.name in names] \
+        if any(not r.block for r in rows) else []
+    block = [i for i in make_block_impls() if i.name in names] if any(r.block for r in rows) else []
+    return norm, block
+
+
+def row_data(row: shapes.Row, device):
+    return make_block_data(row, device, SEED) if row.block else make_row_data(row, device, SEED)
+
+
+def impl_names(impls: list[Impl]) -> list[str]:
+    """The adapters' names once each, in IMPL_NAMES order (the report's columns)."""
+    got = {i.name for i in impls}
+    return [n for n in IMPL_NAMES if n in got]
+
+
 # --- one row --------------------------------------------------------------------------------
 
 def _recover() -> None:
@@ -260,7 +292,7 @@ def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.
     out: list[Measurement] = []
     device = flush.buf.device
     progress.status(f"{row.id} inputs")
-    d: RowData = make_row_data(row, device, SEED)
+    d = row_data(row, device)
 
     ready: list[Impl] = []
     for impl in impls:
@@ -278,8 +310,8 @@ def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.
 
     dw: dict[str, tuple[float | None, str | None]] = {}
     dw_note: dict[str, str] = {}
-    if any(op != "fwd" for op in ops):
-        for impl in ready:
+    for impl in ready:
+        if impl.checks_dw and any(op != "fwd" and not impl.op_skip_reason(op) for op in ops):
             progress.status(f"{row.id} dw {impl.name}")
             try:
                 dw[impl.name] = dw_check(impl, d)
@@ -293,6 +325,10 @@ def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.
         progress.status(f"{row.id} {op}")
         timers: list[timing.Timer] = []
         for impl in ready:
+            why = impl.op_skip_reason(op)
+            if why:
+                out.append(Measurement(row.id, op, impl.name, mode="skipped", note=f"{op} skipped: {why}"))
+                continue
             try:
                 timers.append(timing.make_timer(impl.name, impl.prepare(d, op), stream))
             except Exception as exc:  # noqa: BLE001
@@ -339,19 +375,21 @@ def _warm_worker(row_ids: list[str], ops: list[str], names: list[str]) -> tuple[
     """Run each row's implementations once per op (no timing): fills the compile caches."""
     t0 = time.time()
     by_id = {r.id: r for r in shapes.all_rows()}
-    impls = [i for i in make_impls(quack_autotune="quack-autotune" in names) if i.name in names and i.available()]
+    norm, block = make_adapters([by_id[i] for i in row_ids], names)
+    norm, block = [i for i in norm if i.available()], [i for i in block if i.available()]
     device = torch.device("cuda", torch.cuda.current_device())
     errors = []
     for rid in row_ids:
         row = by_id[rid]
-        d = make_row_data(row, device, SEED)
-        for impl in impls:
+        d = row_data(row, device)
+        for impl in block if row.block else norm:
             if impl.skip_reason(row):
                 continue
             try:
                 impl.begin_row(d)
                 for op in ops:
-                    impl.prepare(d, op)()
+                    if not impl.op_skip_reason(op):
+                        impl.prepare(d, op)()
                 torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - the timing process reports failures itself
                 errors.append(f"{rid} {impl.name}: {first_line(exc)}")
@@ -394,20 +432,21 @@ def warm_caches(rows: list[shapes.Row], ops: list[str], names: list[str], jobs: 
 
 def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples: int) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
-    wanted = [i for i in make_impls(quack_autotune="quack-autotune" in names) if i.name in names]
+    norm, block = make_adapters(rows, names)
+    wanted = norm + block
     unavailable: dict[str, str] = {}
-    active: list[Impl] = []
     for impl in wanted:
-        if impl.available():
-            active.append(impl)
-        else:
+        if not impl.available():
             unavailable[impl.name] = impl.reason
             print(f"trainnorm bench: skipping {impl.name}: {impl.reason}", file=sys.stderr)
+    norm = [i for i in norm if i.name not in unavailable]
+    block = [i for i in block if i.name not in unavailable]
+    active = norm + block
     if not active:
         return _err("none of the selected implementations is available")
 
     if args.jobs > 0:
-        warm_caches(rows, ops, [i.name for i in active], args.jobs)
+        warm_caches(rows, ops, impl_names(active), args.jobs)
     if args.warm_only:
         return 0
     stream = torch.cuda.Stream(device)
@@ -425,14 +464,22 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
             "compile warm-up": (f"{args.jobs} processes filled the compile caches before timing" if args.jobs > 0
                                 else "none: each implementation compiled in the timing process"),
         }
+        if block:
+            c = QWEN3_8B
+            config["block"] = (f"Qwen3-style decoder block, hidden {c.hidden}, {c.heads} query and {c.kv_heads} "
+                               f"key/value heads of {c.head_dim} with q/k norms, rotary, causal SDPA, SwiGLU MLP "
+                               f"{c.intermediate}, bfloat16, batch 1; fwd (training forward) and step = fwd + "
+                               "autograd.grad of the input and every parameter; compiled whole: "
+                               "torch.compile(fullgraph=True, dynamic=False), Inductor defaults")
         print(f"trainnorm bench: {env['gpu']} ({env['sm_count']} SMs); measuring copy bandwidth", file=sys.stderr)
         bw = timing.copy_bandwidth(device)
         flush = timing.L2Flush(device)
-        result = BenchResult(env, config, rows, ops, [i.name for i in active], bw, [], unavailable)
+        result = BenchResult(env, config, rows, ops, impl_names(active), bw, [], unavailable)
         progress = Progress(len(rows) * len(ops))
         try:
             for row in rows:
-                result.measurements += bench_row(row, active, ops, flush, stream, args.passes, samples, progress)
+                result.measurements += bench_row(row, block if row.block else norm, ops, flush, stream,
+                                                 args.passes, samples, progress)
                 report.write_outputs(result, args.out, plots=False)
         except KeyboardInterrupt:
             interrupted = True
@@ -441,8 +488,7 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
         after = nvidia_smi(device.index or 0)
         env["clocks_after_run"] = ", ".join(f"{k} {v}" for k, v in after.items() if k != "driver")
     paths, note = report.write_outputs(result, args.out)
-    summary = report.summarize(report.compare(result))
-    print("\n".join(report.summary_table(summary)))
+    print("\n".join(report.summary_lines(result)))
     if note:
         print(f"trainnorm bench: {note}", file=sys.stderr)
     print("trainnorm bench: wrote " + ", ".join(paths))

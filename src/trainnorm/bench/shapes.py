@@ -15,6 +15,20 @@ Gated rows (7, outside the 78): the SiLU-gated norm y = rmsnorm(x) * w * silu(z)
 H 4096 at T 1024, 4096, 16384, 65536 and the per-head [T, 32, 128] at T 1024,
 4096, 16384 (contiguous), against the peers that have a gated norm.
 
+These 105 rows are the default set. Two more sets are timed on request
+(``trainnorm bench --set beyond`` / ``--set block``, ``ROW_SETS``):
+
+- "beyond" (42 rows): hidden sizes of public models that the measured table
+  (configs/sm_90.json) holds no entry for, and per-head views with other head
+  counts and widths, at T 4096, 16384, 65536, BF16 activations and weight:
+  their configs come from the general rules alone;
+- "block" (2 rows): a Qwen3-style decoder block (bench/block.py) compiled whole
+  with torch.compile, with trainnorm's norms against torch.nn.RMSNorm, at
+  T 4096 and 16384. Its ops time the block: fwd (the training forward, which
+  saves what the backward needs) and step = fwd + bwd (no recompute); bwd
+  alone is not timed (compiled, the backward runs once per forward). No copy
+  floor.
+
 Ops: ``fwd``; ``bwd``; ``step`` = fwd + fwd + bwd in one graph (activation
 checkpointing recomputes the forward before the backward).
 
@@ -26,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 OPS = ("fwd", "bwd", "step")
 
@@ -76,6 +91,8 @@ class Row:
     w32: bool = False       # FP32 weight (BF16 otherwise)
     small_t: bool = False   # one of the 20 small-T rows, not one of the 78
     gated: bool = False     # the SiLU-gated norm (gate z like x), not one of the 78
+    beyond: bool = False    # a width or head count the measured table does not hold
+    block: bool = False     # the decoder block of width `hidden` (bench/block.py), not a norm alone
 
     @property
     def per_head(self) -> bool:
@@ -83,7 +100,9 @@ class Row:
 
     @property
     def series(self) -> str:
-        """The row's series, one line of the plots: 'H4096', 'H6144 res w32', '[T,24,256]'."""
+        """The row's series, one line of the plots: 'H4096', 'H6144 res w32', '[T,24,256]', 'block'."""
+        if self.block:
+            return "block"
         if self.per_head:
             return f"[T,{self.heads},{self.hidden}]" + (" gate" if self.gated else "")
         name = f"H{self.hidden}"
@@ -97,8 +116,8 @@ class Row:
 
     @property
     def id(self) -> str:
-        """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024'."""
-        if self.per_head:
+        """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024', 'block T4096'."""
+        if self.per_head or self.block:
             return f"{self.series} T{self.tokens}"
         parts = [f"H{self.hidden}", f"T{self.tokens}"]
         if self.residual:
@@ -116,6 +135,9 @@ class Row:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The input's shape: [T, H], [T, heads, H], or the block's [1, T, H] (batch 1)."""
+        if self.block:
+            return (1, self.tokens, self.hidden)
         if self.per_head:
             return (self.tokens, self.heads, self.hidden)
         return (self.tokens, self.hidden)
@@ -126,8 +148,16 @@ class Row:
 
     @property
     def group(self) -> str:
-        """The summary group: 'seed' (the 78), 'small_t' or 'gated'."""
-        return "gated" if self.gated else ("small_t" if self.small_t else "seed")
+        """The summary group: 'seed' (the 78), 'small_t', 'gated', 'beyond' or 'block'."""
+        for name in ("block", "beyond", "gated", "small_t"):
+            if getattr(self, name):
+                return name
+        return "seed"
+
+    @property
+    def has_floor(self) -> bool:
+        """Whether the row has a copy floor (the block rows are mostly matrix products: none)."""
+        return not self.block
 
     @property
     def seed(self) -> bool:
@@ -171,24 +201,125 @@ def gated_rows() -> list[Row]:
             + _series_rows(128, GATED_HEAD_T, heads=32, gated=True))
 
 
+# Beyond the table: hidden sizes of public models (RMSNorm over the residual stream)
+# between 128 and 8192 that configs/sm_90.json holds no entry for (it holds 256,
+# 512, 1536, 2048, 4096, 5120, 6144, and 128 for the gated backward only).
+BEYOND_H = (
+    768,    # T5-base / Flan-T5-base (d_model 768; T5's layer norm is an RMSNorm)
+    896,    # Qwen2.5-0.5B
+    1024,   # Qwen3-0.6B
+    2304,   # Gemma-2-2B
+    2560,   # Qwen3-4B
+    3072,   # Llama-3.2-3B
+    3584,   # Qwen2.5-7B
+    3840,   # Gemma-3-12B
+    5376,   # Gemma-3-27B
+    7168,   # DeepSeek-V3
+    8192,   # Llama-3.1-70B
+)
+# Per-head q/k norms over head_dim with other head counts and widths (contiguous views).
+BEYOND_HEADS = (
+    (32, 128),   # Qwen3-8B queries: 32 heads of 128
+    (8, 128),    # Qwen3-8B keys: 8 heads of 128
+    (24, 64),    # Stable Diffusion 3.5 Medium's attention (QK RMSNorm): 24 heads of 64
+)
+BEYOND_T = (4096, 16384, 65536)
+BLOCK_H = 4096          # the width of bench/block.py's QWEN3_8B
+BLOCK_T = (4096, 16384)
+QUICK_BEYOND_IDS = ("H2560 T16384", "H7168 T4096", "[T,8,128] T16384")
+QUICK_BLOCK_IDS = ("block T4096",)
+
+
+def beyond_rows() -> list[Row]:
+    """Widths and head counts the measured table does not hold (42 rows)."""
+    rows: list[Row] = []
+    for h in BEYOND_H:
+        rows += _series_rows(h, BEYOND_T, beyond=True)
+    for heads, h in BEYOND_HEADS:
+        rows += _series_rows(h, BEYOND_T, heads=heads, beyond=True)
+    return rows
+
+
+def block_rows() -> list[Row]:
+    """The Qwen3-style decoder block compiled whole, T 4096 and 16384 (2 rows)."""
+    return _series_rows(BLOCK_H, BLOCK_T, block=True)
+
+
+def _default_set() -> list[Row]:
+    return seed_rows() + small_t_rows() + gated_rows()
+
+
+@dataclass(frozen=True)
+class RowSet:
+    """A named set of rows for `trainnorm bench --set`, with its --quick subset."""
+
+    name: str
+    description: str
+    make: Callable[[], list[Row]]
+    quick_ids: tuple[str, ...]
+
+    def rows(self) -> list[Row]:
+        return _ordered(self.make())
+
+    def quick(self) -> list[Row]:
+        by_id = {r.id: r for r in self.rows()}
+        return [by_id[i] for i in self.quick_ids]
+
+
+ROW_SETS = {s.name: s for s in (
+    RowSet("default", "the 78 shapes, 20 small-T and 7 gated rows", _default_set, QUICK_IDS),
+    RowSet("beyond", "widths and head counts the measured table does not hold", beyond_rows, QUICK_BEYOND_IDS),
+    RowSet("block", "a Qwen3-style decoder block compiled whole", block_rows, QUICK_BLOCK_IDS),
+)}
+ALL_SETS = "all"
+
+
 def series_order() -> list[str]:
-    """The series in the order of the report and the plots."""
+    """The series in the order of the report and the plots: the default set's, then the others'."""
     out: list[str] = []
-    for r in seed_rows() + small_t_rows() + gated_rows():
-        if r.series not in out:
-            out.append(r.series)
+    for s in ROW_SETS.values():
+        for r in s.make():
+            if r.series not in out:
+                out.append(r.series)
     return out
 
 
-def all_rows() -> list[Row]:
-    """The 78 shapes, the small-T and the gated rows, series by series, T ascending."""
+def _ordered(rows: list[Row]) -> list[Row]:
     order = {f: i for i, f in enumerate(series_order())}
-    return sorted(seed_rows() + small_t_rows() + gated_rows(), key=lambda r: (order[r.series], r.tokens))
+    return sorted(rows, key=lambda r: (order[r.series], r.tokens))
+
+
+def default_rows() -> list[Row]:
+    """The 105 rows timed by default: the 78 shapes, the small-T and the gated rows,
+    series by series, T ascending."""
+    return ROW_SETS["default"].rows()
+
+
+def all_rows() -> list[Row]:
+    """Every row of every set, in the report's order (for looking rows up by id)."""
+    return _ordered([r for s in ROW_SETS.values() for r in s.make()])
+
+
+def parse_sets(text: str) -> list[str]:
+    """Set names from a comma-separated list ('default,beyond', 'all'); ValueError for unknown names."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if ALL_SETS in names:
+        return list(ROW_SETS)
+    bad = [n for n in names if n not in ROW_SETS]
+    if not names or bad:
+        raise ValueError(f"--set must be a comma-separated list of {', '.join(ROW_SETS)} or {ALL_SETS}, "
+                         f"got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def set_rows(names: list[str], quick: bool = False) -> list[Row]:
+    """The rows of the named sets (their --quick subsets with quick), in the report's order."""
+    rows = [r for n in names for r in (ROW_SETS[n].quick() if quick else ROW_SETS[n].rows())]
+    return _ordered(rows)
 
 
 def quick_rows() -> list[Row]:
-    by_id = {r.id: r for r in all_rows()}
-    return [by_id[i] for i in QUICK_IDS]
+    return ROW_SETS["default"].quick()
 
 
 def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
@@ -219,7 +350,10 @@ def op_bytes(row: Row, op: str) -> int:
     bwd:  h read, dy read, dx written (+ dh read; + gate read, its gradient written), weight
           read, rstd read, dw written.
     step: 2 x fwd + bwd.
+    The block rows have no such count (ValueError).
     """
+    if not row.has_floor:
+        raise ValueError(f"row {row.id!r} has no copy floor: the block's ops are mostly matrix products")
     n = row.rows * row.hidden
     weight = row.hidden * row.weight_bytes
     rstd = row.rows * RSTD_BYTES
@@ -240,5 +374,9 @@ def floor_us(row: Row, op: str, copy_bytes_per_s: float) -> float:
 
 
 def describe(rows: list[Row]) -> str:
-    """The header's count of rows: "N (S seed, K small-T)"."""
-    return f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T)"
+    """The header's count of rows: "N (S seed, K small-T)", then the other sets' counts where present."""
+    text = f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T"
+    for label, n in (("beyond the table", sum(r.beyond for r in rows)), ("block", sum(r.block for r in rows))):
+        if n:
+            text += f", {n} {label}"
+    return text + ")"
