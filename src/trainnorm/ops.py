@@ -6,6 +6,7 @@ with fullgraph=True and torch.library.opcheck passes.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -13,6 +14,26 @@ from torch import Tensor
 
 from . import dispatch
 from .variant import Variant
+
+# The kernels add eps in float32: an eps outside float32's normal range would be
+# rounded to 0 or a subnormal (1e-50: a zero row's rstd becomes inf, y NaN) or to
+# inf (1e39: rstd 0, y all zeros). Such an eps is an error on every path.
+EPS_MIN = float(torch.finfo(torch.float32).tiny)    # 1.1754944e-38
+EPS_MAX = float(torch.finfo(torch.float32).max)     # 3.4028235e+38
+
+
+def check_eps(eps: float) -> None:
+    """ValueError unless eps is finite, > 0 and a normal float32 number.
+
+    The public functions check eps as they are called; the forward op checks
+    it again when it runs, for an eps that torch.compile traced as a symbolic
+    value (dynamic shapes), whose range is known only then."""
+    if not EPS_MIN <= eps <= EPS_MAX:
+        if not math.isfinite(eps) or eps <= 0.0:
+            raise ValueError(f"eps must be finite and > 0, got {eps}")
+        raise ValueError(f"eps must be a normal float32 number, in [{EPS_MIN:.8g}, {EPS_MAX:.8g}] (the kernels "
+                         f"add it in float32, where {eps} is {'0 or a subnormal' if eps < EPS_MIN else 'inf'}), "
+                         f"got {eps}")
 
 
 # Registered with torch.library's low-level API (define + impl + register_fake)
@@ -35,6 +56,7 @@ _lib.define("rms_norm_bwd(Tensor dy, Tensor h, Tensor? weight, Tensor rstd, Tens
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], gate: Optional[Tensor],
                  eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
     """(y, rstd, h); h is empty without a residual (the caller's x is h then)."""
+    check_eps(eps)
     v = Variant.from_spec(variant, weight=weight, residual=residual, gate=gate)
     return dispatch.forward(x, weight, residual, gate, eps, v)
 
