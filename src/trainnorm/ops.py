@@ -155,9 +155,38 @@ class RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         if dy is None:
             dy = torch.zeros_like(h)
-        dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
-                                                      ctx.deterministic, need_dw, None)
+        with torch.no_grad():
+            dx, dw, dz = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
+                                                          ctx.deterministic, need_dw, None)
         needs = ctx.needs_input_grad
         dres = dx if ctx.has_residual and needs[3] else None
         dgate = dz if gate is not None and needs[5] else None
-        return (dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None
+        grads = [(dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None]
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, dh, h, weight, gate)):
+            grads = _no_double_backward(grads)      # backward(create_graph=True)
+        return tuple(grads)
+
+
+DOUBLE_BACKWARD = ("trainnorm does not support double backward: the backward of rms_norm / rms_norm_gated / "
+                   "RMSNorm is not differentiable, so a gradient of their gradients (create_graph=True, then a "
+                   "second backward) cannot be taken. torch.nn.functional.rms_norm supports it.")
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The gradients, unchanged, as outputs whose own backward is a clear error."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return grads
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(DOUBLE_BACKWARD)
+
+
+def _no_double_backward(grads: list) -> list:
+    unique = list({id(g): g for g in grads if g is not None}.values())   # dx may also be the residual's
+    # inputs that require grad, so that the outputs get _NoDoubleBackward as their grad_fn
+    wrapped = _NoDoubleBackward.apply(*(g.detach().requires_grad_() for g in unique))
+    by_id = dict(zip(map(id, unique), wrapped))
+    return [None if g is None else by_id[id(g)] for g in grads]
