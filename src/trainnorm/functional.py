@@ -83,8 +83,10 @@ def _check_eps(eps, dtype: torch.dtype):
     """eps as a float (None: default_eps(dtype)). Under torch.compile a Python
     float may be traced as a symbolic value, whose range cannot be read here
     without a guard on it: the custom op checks it when it runs, before any
-    kernel (ops.check_eps), so a changing eps neither breaks the graph nor
-    recompiles it."""
+    kernel (ops.check_eps). Tracing it needs no guard on its range, so the graph
+    neither breaks nor recompiles per token count; each distinct eps value still
+    compiles once, because the op takes eps as a concrete float (as
+    torch.nn.functional.rms_norm's aten op does)."""
     if eps is None:
         return default_eps(dtype)
     if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat)):
