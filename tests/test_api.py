@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import trainnorm
-from trainnorm import dispatch
+from trainnorm import dispatch, reference
 from trainnorm.rows import runs_kernels
 
 from helpers import assert_bits_equal, check_backward, check_forward
@@ -82,6 +82,10 @@ BAD_FORWARD = [
     (lambda d: dict(x=_x(d), eps=float("-inf")), ValueError, "eps must be finite and > 0"),
     (lambda d: dict(x=_x(d), eps=torch.tensor(1e-6)), TypeError, "eps must be a real number"),
     (lambda d: dict(x=_x(d), eps=1e-6j), TypeError, "eps must be a real number"),
+    # eps that float32 cannot hold: 0 (a zero row's y NaN), a subnormal, or inf (y all zeros) in the kernels
+    (lambda d: dict(x=_x(d), eps=1e-50), ValueError, "eps must be a normal float32 number.*got 1e-50"),
+    (lambda d: dict(x=_x(d), eps=1e-40), ValueError, "eps must be a normal float32 number.*got 1e-40"),
+    (lambda d: dict(x=_x(d), eps=1e39), ValueError, "eps must be a normal float32 number.*got 1e\\+39"),
 ]
 
 
@@ -248,9 +252,207 @@ def test_bad_workspace_query(no_launch, kwargs, exc, msg):
             fn(rows, hidden, **kwargs)
 
 
-def test_module_constructor_checks():
+def test_op_checks_eps_before_any_kernel(device, no_launch):
+    # the op itself checks eps (under torch.compile it may be traced as a symbolic value)
+    for bad in (1e-50, 1e39, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="eps must"):
+            torch.ops.trainnorm.rms_norm_fwd(_x(device), _w(device), None, None, bad, "")
+
+
+@pytest.mark.parametrize("eps", [float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)])
+def test_eps_at_the_float32_limits(device, eps):
+    # the ends of the accepted range give the float64 formula's result on a zero row and an ordinary one
+    x = _x(device, torch.float32, shape=(2, H))
+    x[0] = 0
+    y, rstd, _ = trainnorm.rms_norm_forward(x, _w(device, torch.float32), eps)
+    y64, rstd64, _ = reference.forward_fp64(x, _w(device, torch.float32), eps)
+    assert torch.isfinite(y).all() and torch.isfinite(rstd).all()
+    torch.testing.assert_close(rstd.double(), rstd64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-30)
+
+
+# --- eps=None is torch's default ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_eps_none_is_torchs_default(device, dtype):
+    """torch.nn.functional.rms_norm with eps=None uses the float32 machine epsilon for
+    16- and 32-bit inputs, not finfo(x.dtype).eps: rows of rms ~3e-3, where the two differ."""
+    x = (torch.randn(4, H, device=device) * 3e-3).to(dtype)
+    w = _w(device, dtype)
+    want = torch.nn.functional.rms_norm(x.float(), (H,), w.float(), None).double()
+    got = trainnorm.rms_norm(x, w, None).double()
+    rtol = 1e-2 if dtype != torch.float32 else 1e-5
+    torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+    module = trainnorm.RMSNorm(H, device=device, dtype=dtype)
+    assert module.eps is None and torch.nn.RMSNorm(H).eps is None
+    torch.testing.assert_close(module(x).double(), want, rtol=rtol, atol=0)
+    if dtype != torch.float32:   # the dtype's own epsilon would give another result
+        other = trainnorm.rms_norm(x, w, float(torch.finfo(dtype).eps)).double()
+        assert not torch.allclose(other, want, rtol=0.1, atol=0)
+
+
+# --- flags: bools, numpy's too ----------------------------------------------------------------
+
+def test_numpy_bool_flags(device):
+    np = pytest.importorskip("numpy")
+    x, w = _x(device), _w(device)
+    assert_bits_equal(trainnorm.rms_norm(x, w, deterministic=np.True_), trainnorm.rms_norm(x, w))
+    z = _x(device)
+    assert_bits_equal(trainnorm.rms_norm_gated(x, z, w, norm_before_gate=np.False_, deterministic=np.False_),
+                      trainnorm.rms_norm_gated(x, z, w, norm_before_gate=False))
+    y, rstd, h = trainnorm.rms_norm_forward(x, w)
+    dy = _x(device)
+    for a, b in zip(trainnorm.rms_norm_backward(dy, h, w, rstd, deterministic=np.False_),
+                    trainnorm.rms_norm_backward(dy, h, w, rstd, deterministic=False)):
+        assert_bits_equal(a, b)
+    assert trainnorm.backward_workspace_bytes(300, 512, deterministic=np.False_) == \
+        trainnorm.backward_workspace_bytes(300, 512, deterministic=False)
+    m = trainnorm.RMSNorm(H, elementwise_affine=np.True_, deterministic=np.False_)
+    assert m.deterministic is False and m.elementwise_affine is True
+    # anything else is named by its real type
+    for bad, name in ((np.int64(1), "numpy.int64"), (torch.tensor(True), "torch.Tensor"), (1, "int"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"deterministic must be a bool, got {name}$"):
+            trainnorm.rms_norm(x, w, deterministic=bad)
+
+
+# --- double backward -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["plain", "residual", "gated"])
+def test_double_backward_is_a_clear_error(device, form):
+    x0 = _x(device, torch.float32, shape=(3, 64))
+    x = x0.clone().requires_grad_()
+    w = torch.rand(64, device=device).add_(0.5).requires_grad_()
+    r = x0.flip(0).clone().requires_grad_()
+    z = x0.flip(1).clone().requires_grad_()
+    inputs = {"plain": (x, w), "residual": (x, w, r), "gated": (x, w, z)}[form]
+
+    def loss():
+        if form == "residual":
+            y, h = trainnorm.rms_norm(x, w, residual=r)
+            return (y.square() + h).sum()
+        y = trainnorm.rms_norm_gated(x, z, w) if form == "gated" else trainnorm.rms_norm(x, w)
+        return y.square().sum()
+
+    first = torch.autograd.grad(loss(), inputs)
+    grads = torch.autograd.grad(loss(), inputs, create_graph=True)
+    for a, b in zip(grads, first):   # create_graph=True still gives the gradients
+        assert_bits_equal(a.detach(), b)
+    with pytest.raises(RuntimeError, match="trainnorm does not support double backward"):
+        sum(g.sum() for g in grads).backward()
+    # also when the incoming gradient is constant (y.sum()): the second backward is still an error
+    y = trainnorm.rms_norm(x, w)
+    gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        gx.sum().backward()
+
+
+# --- the module: a drop-in for torch.nn.RMSNorm -------------------------------------------------
+
+def test_module_is_a_torch_rmsnorm():
+    import inspect
+    m = trainnorm.RMSNorm(H)
+    assert isinstance(m, torch.nn.RMSNorm) and isinstance(m, torch.nn.Module)
+    assert not isinstance(trainnorm.RMSNormGated(H), torch.nn.RMSNorm)    # it takes (x, gate)
+    theirs = list(inspect.signature(torch.nn.RMSNorm.__init__).parameters.values())
+    ours = list(inspect.signature(trainnorm.RMSNorm.__init__).parameters.values())
+    # torch's parameters, in order, with torch's defaults; trainnorm's own only keyword-only after them
+    assert [(p.name, p.default, p.kind) for p in ours[:len(theirs)]] == \
+        [(p.name, p.default, p.kind) for p in theirs]
+    assert all(p.kind is p.KEYWORD_ONLY for p in ours[len(theirs):])
+    assert m.eps is None and m.elementwise_affine is True and m.normalized_shape == (H,)
+    assert torch.equal(m.weight, torch.ones(H)) and m.deterministic is True
+
+
+BAD_MODULE = [
+    (dict(normalized_shape=True), TypeError, "normalized_shape must be an int or a sequence of ints, got bool"),
+    (dict(normalized_shape=0), ValueError, r"normalized_shape must hold sizes >= 1.*got \(0,\)"),
+    (dict(normalized_shape=-3), ValueError, "normalized_shape must hold sizes >= 1"),
+    (dict(normalized_shape=65537), ValueError, r"normalized_shape.*\[1, 65536\]"),
+    (dict(normalized_shape=(512, 512)), ValueError, r"normalized_shape.*\[1, 65536\]"),
+    (dict(normalized_shape=(4, 0)), ValueError, "normalized_shape must hold sizes >= 1"),
+    (dict(normalized_shape=[]), ValueError, "normalized_shape must hold sizes >= 1"),
+    (dict(normalized_shape=2.5), TypeError, "normalized_shape must be an int or a sequence of ints, got float"),
+    (dict(normalized_shape="512"), TypeError, "normalized_shape must hold ints, got str"),
+    (dict(normalized_shape=(4, True)), TypeError, "normalized_shape must hold ints, got bool"),
+    (dict(normalized_shape=None), TypeError, "normalized_shape must be an int or a sequence of ints, got NoneType"),
+    (dict(eps=0), ValueError, "eps must be finite and > 0"),
+    (dict(eps=-1e-6), ValueError, "eps must be finite and > 0"),
+    (dict(eps=float("nan")), ValueError, "eps must be finite and > 0"),
+    (dict(eps=1e-50), ValueError, "eps must be a normal float32 number"),
+    (dict(eps=1e39), ValueError, "eps must be a normal float32 number"),
+    (dict(eps="1e-6"), TypeError, "eps must be a real number or None, got str"),
+    (dict(eps=True), TypeError, "eps must be a real number or None, got bool"),
+    (dict(elementwise_affine="yes"), TypeError, "elementwise_affine must be a bool, got str"),
+    (dict(elementwise_affine=None), TypeError, "elementwise_affine must be a bool, got NoneType"),
+    (dict(dtype=torch.float64), TypeError, "dtype must be None or one of bfloat16, float16, float32, got torch.float64"),
+    (dict(dtype=torch.int32), TypeError, "dtype must be None or one of"),
+    (dict(deterministic=1), TypeError, "deterministic must be a bool, got int"),
+]
+
+
+@pytest.mark.parametrize("cls", [trainnorm.RMSNorm, trainnorm.RMSNormGated])
+@pytest.mark.parametrize("kwargs,exc,msg", BAD_MODULE)
+def test_module_constructor_checks(cls, kwargs, exc, msg):
+    kwargs = dict(kwargs)
+    shape = kwargs.pop("normalized_shape", H)
+    if (cls is trainnorm.RMSNormGated and isinstance(shape, (tuple, list)) and len(shape) != 1
+            and all(type(d) is int for d in shape)):
+        exc, msg = ValueError, "normalized_shape must be one dimension"     # the gated norm takes one only
+    with pytest.raises(exc, match=msg):
+        cls(shape, **kwargs)
+
+
+def test_gated_module_constructor_checks():
     with pytest.raises(ValueError, match="normalized_shape must be one dimension"):
-        trainnorm.RMSNorm((4, 8))
+        trainnorm.RMSNormGated((4, 8))
+    with pytest.raises(TypeError, match="norm_before_gate must be a bool"):
+        trainnorm.RMSNormGated(H, norm_before_gate="no")
+
+
+@pytest.mark.parametrize("shape", [H, (4, 16), [2, 3, 5]])
+@pytest.mark.parametrize("affine", [True, False])
+def test_module_state_dict_both_ways(device, shape, affine):
+    torch.manual_seed(3)
+    ours = trainnorm.RMSNorm(shape, eps=1e-5, elementwise_affine=affine, device=device)
+    theirs = torch.nn.RMSNorm(shape, eps=1e-5, elementwise_affine=affine, device=device)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == (["weight"] if affine else [])
+    if affine:
+        with torch.no_grad():
+            theirs.weight.uniform_(0.5, 1.5)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    if affine:
+        assert torch.equal(ours.weight, theirs.weight) and ours.weight.shape == theirs.weight.shape
+        with torch.no_grad():
+            ours.weight.mul_(2)
+        theirs.load_state_dict(ours.state_dict(), strict=True)
+        assert torch.equal(ours.weight, theirs.weight)
+    x = torch.randn((3, 5) + tuple(ours.normalized_shape), device=device)
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yo, yt = ours(xo), theirs(xt)
+    torch.testing.assert_close(yo, yt, atol=1e-5, rtol=1e-5)
+    dy = torch.randn_like(x)
+    yo.backward(dy)
+    yt.backward(dy)
+    torch.testing.assert_close(xo.grad, xt.grad, atol=1e-4, rtol=1e-4)
+    if affine:
+        torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_module_multi_dim_residual_and_bad_x(device):
+    m = trainnorm.RMSNorm((4, 16), device=device, dtype=torch.bfloat16)
+    x, r = _x(device, shape=(3, 4, 16)), _x(device, shape=(3, 4, 16))
+    y, h = m(x, r)
+    assert y.shape == h.shape == x.shape
+    assert_bits_equal(h, (x.float() + r.float()).to(torch.bfloat16))
+    assert_bits_equal(y, trainnorm.rms_norm(h.reshape(3, 64), m.weight.reshape(64)).reshape(x.shape))
+    assert m(_x(device, shape=(0, 4, 16))).shape == (0, 4, 16)
+    with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., 4, 16\] \(normalized_shape\), got \[3, 16, 4\]"):
+        m(_x(device, shape=(3, 16, 4)))
+    with pytest.raises(ValueError, match="residual must have the shape of x"):
+        m(x, r[:2])
+    one = trainnorm.RMSNorm(H, elementwise_affine=False, device=device)
+    with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., 512\]"):
+        one(_x(device, shape=(2, 256)))
 
 
 # --- NaN / Inf propagate as the math says ----------------------------------------------------

@@ -190,3 +190,195 @@ def test_import_does_not_import_transformers():
     code = ("import sys, trainnorm, trainnorm.integrations; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- patching classes before a model is built (from_pretrained) ------------------------------
+
+from trainnorm.integrations import patch_transformers_classes, unpatch_transformers_classes  # noqa: E402
+
+
+@pytest.fixture
+def patch_classes():
+    """patch_transformers_classes, undone at the end of the test."""
+    targets = []
+
+    def patch(*t, **kw):
+        targets.extend(t)
+        return patch_transformers_classes(*t, **kw)
+    yield patch
+    unpatch_transformers_classes(*targets)
+
+
+def _config(hf, key):
+    cfg_name, model_name, extra, expected = MODELS[key]
+    if not hasattr(hf, cfg_name) or not hasattr(hf, model_name):
+        pytest.skip(f"transformers {hf.__version__} has no {model_name}")
+    config = getattr(hf, cfg_name)(**COMMON, **extra)
+    config._attn_implementation = "eager"
+    return config, getattr(hf, model_name), expected
+
+
+def _kinds_of(model):
+    found = {}
+    for m in model.modules():
+        kind = getattr(type(m), "_trainnorm_kind", None)
+        if kind is not None:
+            found[kind] = found.get(kind, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_patch_classes_builds_trainnorm_modules(hf, reference_path, patch_classes, key):
+    """Models built after patching their classes hold trainnorm's modules (the kinds and
+    counts patch_transformers finds), take an unpatched model's state_dict strictly, and
+    give its logits and gradients; HF's own weight initialisation still reaches them."""
+    config, model_cls, expected = _config(hf, key)
+    torch.manual_seed(0)
+    ref = model_cls(config).eval()
+    with torch.no_grad():
+        for name, kind in plan_transformers(ref).items():
+            ref.get_submodule(name).weight.uniform_(-0.5, 0.5).add_(0.0 if "offset" in kind else 1.0)
+
+    result = patch_classes(model_cls)
+    assert sorted(result.values()) == sorted(expected), result    # one class per kind in these models
+    assert all(k.startswith(model_cls.__module__ + ".") for k in result)
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    assert not _hf_norms(model), "HF RMSNorm modules left"
+    assert _kinds_of(model) == expected
+    for name, kind in plan_transformers(ref).items():
+        new, old = model.get_submodule(name), ref.get_submodule(name)
+        assert isinstance(new, REPLACEMENT[kind]) and type(new).__name__ == type(old).__name__
+        # HF initialises norms by class name: ones, or zeros for (1 + w) norms
+        assert torch.equal(new.weight, torch.full_like(new.weight, 0.0 if "offset" in kind else 1.0)), name
+        assert new.eps == getattr(old, "variance_epsilon", getattr(old, "eps", None))
+    assert list(model.state_dict()) == list(ref.state_dict())
+    model.load_state_dict(ref.state_dict(), strict=True)
+
+    input_ids = torch.randint(0, COMMON["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(1))
+    logits0, grads0 = _step(ref, input_ids)
+    logits1, grads1 = _step(model, input_ids)
+    torch.testing.assert_close(logits1, logits0, rtol=1e-5, atol=1e-5)
+    assert grads1.keys() == grads0.keys()
+    for n in grads0:
+        torch.testing.assert_close(grads1[n], grads0[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("key", ["llama", "qwen3_next"])
+def test_patch_classes_then_from_pretrained(hf, reference_path, patch_classes, tmp_path, key):
+    config, model_cls, expected = _config(hf, key)
+    torch.manual_seed(0)
+    ref = model_cls(config).eval()
+    with torch.no_grad():
+        for name, kind in plan_transformers(ref).items():
+            ref.get_submodule(name).weight.uniform_(-0.5, 0.5).add_(0.0 if "offset" in kind else 1.0)
+    ref.save_pretrained(tmp_path)
+    patch_classes(model_cls)
+    model = model_cls.from_pretrained(tmp_path).eval()
+    assert not _hf_norms(model) and _kinds_of(model) == expected
+    theirs = ref.state_dict()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, theirs[k]), k
+    input_ids = torch.randint(0, COMMON["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=input_ids).logits, ref(input_ids=input_ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_patch_classes_undo_and_repeat(hf, reference_path, patch_classes):
+    import copy
+
+    from transformers.models.llama import modeling_llama
+    config, model_cls, _ = _config(hf, "llama")
+    original = modeling_llama.LlamaRMSNorm
+    first = patch_classes(modeling_llama, deterministic=False)
+    assert first == {"transformers.models.llama.modeling_llama.LlamaRMSNorm": "rmsnorm"}
+    assert patch_classes(model_cls) == {"transformers.models.llama.modeling_llama.LlamaRMSNorm": "patched: rmsnorm"}
+    model = model_cls(config)
+    norm = model.model.norm
+    assert type(norm) is modeling_llama.LlamaRMSNorm and isinstance(norm, torch.nn.RMSNorm)
+    assert norm.deterministic is False
+    twin = copy.deepcopy(model)          # a copy builds nothing: the class is only looked up
+    assert type(twin.model.norm) is type(norm) and twin.model.norm.weight is not norm.weight
+    assert unpatch_transformers_classes(modeling_llama) == 1
+    assert modeling_llama.LlamaRMSNorm is original
+    assert type(model_cls(config).model.norm) is original
+    assert type(model.model.norm).__module__ == "trainnorm.integrations"   # built while patched: kept
+    with pytest.raises(TypeError, match="targets must be Python modules"):
+        patch_transformers_classes("llama")
+
+
+# the class patch without transformers: a modeling module of its own, whose model looks its
+# norm classes up in the module's namespace when it is built, as transformers' models do
+TOY_MODELING = '''
+import torch
+from torch import nn
+
+
+class ToyRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+
+class ToyWideRMSNorm(nn.Module):
+    """A constructor that needs more than the width: left alone."""
+
+    def __init__(self, hidden_size, groups, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class ToyModel(nn.Module):
+    def __init__(self, h=32):
+        super().__init__()
+        self.up = nn.Linear(h, h)
+        self.norm = ToyRMSNorm(h, eps=1e-5)
+        self.final = ToyRMSNorm(h)
+        self.wide = ToyWideRMSNorm(h, 2)
+
+    def forward(self, x):
+        return self.wide(self.final(self.norm(self.up(x))))
+'''
+
+
+@pytest.fixture
+def toy_modeling():
+    import types
+    mod = types.ModuleType("toy_modeling")
+    exec(compile(TOY_MODELING, "toy_modeling.py", "exec"), mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+
+
+def test_patch_classes_without_transformers(reference_path, toy_modeling):
+    torch.manual_seed(0)
+    ref = toy_modeling.ToyModel()
+    with torch.no_grad():
+        ref.norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 32)
+    with pytest.warns(UserWarning, match=r"toy_modeling\.ToyWideRMSNorm: ToyWideRMSNorm\(32\) raised TypeError"):
+        result = patch_transformers_classes(toy_modeling.ToyModel)   # a class: its module is patched
+    assert result == {"toy_modeling.ToyRMSNorm": "rmsnorm", "toy_modeling.ToyWideRMSNorm": result[
+        "toy_modeling.ToyWideRMSNorm"]} and result["toy_modeling.ToyWideRMSNorm"].startswith("skip:")
+    try:
+        model = toy_modeling.ToyModel()
+        assert isinstance(model.norm, trainnorm.RMSNorm) and isinstance(model.final, trainnorm.RMSNorm)
+        assert type(model.norm).__name__ == "ToyRMSNorm" and type(model.wide).__name__ == "ToyWideRMSNorm"
+        assert model.norm.eps == 1e-5 and model.final.eps == 1e-6
+        assert isinstance(model.norm.weight, nn.Parameter) and "weight" in dict(model.norm.named_parameters())
+        model.load_state_dict(ref.state_dict(), strict=True)
+        torch.testing.assert_close(model(x), ref(x), rtol=1e-5, atol=1e-6)
+    finally:
+        assert unpatch_transformers_classes(toy_modeling) == 1
+    assert type(toy_modeling.ToyModel().norm) is toy_modeling.ToyRMSNorm

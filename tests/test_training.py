@@ -1,6 +1,7 @@
 """Training with trainnorm's modules: activation checkpointing and the demo's two training runs.
 
 (The CUDA-graph forward + backward step with a workspace is tests/test_gpu.py::test_cuda_graph_replay_bitwise.)"""
+import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -53,3 +54,47 @@ def test_demo_trains_twice_bitwise(capsys):
     assert main(["--tiny"]) == 0
     out = capsys.readouterr().out
     assert "final weights bitwise identical: True; loss curves identical: True" in out
+    # progress as it trains, one line per run; the path named; on the CPU no timing, and why
+    assert "run 1/2: loss at step 1 " in out and "run 2/2: loss at step 1 " in out
+    assert "norms run on the CPU, the Triton kernels in Triton's interpreter" in out
+    assert "speed: not timed here: Triton's interpreter runs the kernels on the CPU to test them" in out
+    assert " us" not in out
+
+
+def test_demo_reference_path_says_what_it_is(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from trainnorm.demo import main
+    assert main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "norms run on the CPU, trainnorm's float64 reference path (no GPU here)" in out
+    assert "speed: not timed here: the CPU path is a float64 reference kept for exactness" in out
+    assert " us" not in out
+
+
+def test_demo_progress_reports_the_losses():
+    from trainnorm.demo import _marks, train
+    cfg = dict(vocab=32, dim=32, heads=2, layers=1, batch=2, seq=4, steps=9)
+    seen = []
+    losses, _ = train(cfg, "cpu", progress=lambda step, loss: seen.append((step, loss)))
+    assert [s for s, _ in seen] == _marks(9) == [0, 2, 4, 6, 8]
+    assert [v for _, v in seen] == [losses[s] for s in _marks(9)]
+
+
+@pytest.mark.parametrize("interpreter", ["0", "1"])
+def test_verify_says_what_it_writes_and_leaves_out(capsys, monkeypatch, tmp_path, interpreter):
+    monkeypatch.setenv("TRITON_INTERPRET", interpreter)
+    from trainnorm.verify import main
+    out_dir = tmp_path / "report"
+    assert main(["--shapes", "[T,4", "--tokens", "1,3", "--seeds", "1", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# trainnorm verify") == 1, "the header is printed once"
+    assert f"wrote {out_dir / 'verify.md'} and {out_dir / 'verify.json'}" in out
+    assert (out_dir / "verify.md").is_file() and (out_dir / "verify.json").is_file()
+    gpu_line = ("not checked here, since they need a GPU: CUDA-graph replay against eager, torch.compile "
+                "(inductor) against eager, and the real sizes")
+    assert gpu_line in out and gpu_line in (out_dir / "verify.md").read_text()
+    reference_line = "the Triton kernels do not run on this path"
+    assert (reference_line in out) == (interpreter == "0")
+    import json
+    report = json.loads((out_dir / "verify.json").read_text())
+    assert report["not_checked"] and all(line in out for line in report["not_checked"])

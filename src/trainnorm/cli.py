@@ -7,8 +7,8 @@ import sys
 
 USAGE = """usage: trainnorm {demo,verify,bench,tune,soak,compile-check,ncu,multigpu} [options]
 
-  demo           forward + backward on this machine (GPU, or the CPU path): accuracy,
-                 bitwise reproducibility, and time against torch
+  demo           train a tiny model twice on this machine (GPU, or the CPU path): bitwise
+                 reproducibility, and on a GPU the norm's time against torch
   verify         accuracy and determinism report (tables + JSON)
   bench          side-by-side latency against torch.compile, QuACK, Liger-Kernel (GPU)
 

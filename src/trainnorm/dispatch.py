@@ -11,8 +11,17 @@ import torch
 
 from . import reference
 from .configs import cdiv, combine_config
-from .kernels import (bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_kernel, dw_combine_kernel,
-                      fwd_col_tiles_kernel, fwd_one_tile_kernel)
+try:
+    from .kernels import (bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_kernel, dw_combine_kernel,
+                          fwd_col_tiles_kernel, fwd_one_tile_kernel)
+except ImportError as _error:   # no Triton (it ships Linux wheels only): the CPU reference path needs none
+    from .no_triton import is_missing_triton, missing_kernels
+    if not is_missing_triton(_error):
+        raise
+    (bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_kernel, dw_combine_kernel, fwd_col_tiles_kernel,
+     fwd_one_tile_kernel) = missing_kernels(
+        ("bwd_col_slices_kernel", "bwd_col_tiles_kernel", "bwd_one_tile_kernel", "dw_combine_kernel",
+         "fwd_col_tiles_kernel", "fwd_one_tile_kernel"), _error)
 from .plan import DwForm, backward_plan, forward_plan
 from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_views, runs_kernels, sm_count
 from .variant import DTYPES, Variant

@@ -6,14 +6,13 @@ that names the argument.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
 from . import plan
 from .configs import MAX_HIDDEN
-from .ops import RMSNormFunction
+from .ops import RMSNormFunction, check_eps
 from .rows import arch_of
 from .variant import Variant, check_activation
 
@@ -67,21 +66,50 @@ def _check_weight(weight, x: torch.Tensor, x_name: str = "x"):
     return weight if weight.stride(-1) == 1 else weight.contiguous()
 
 
-def _check_eps(eps, dtype: torch.dtype) -> float:
+def default_eps(dtype: torch.dtype) -> float:
+    """The eps that ``eps=None`` stands for, as in torch.nn.RMSNorm and
+    torch.nn.functional.rms_norm: the machine epsilon of the type the norm is
+    computed in, float32 for bf16, fp16 and fp32 inputs (1.1920929e-07), not the
+    epsilon of the input dtype."""
+    return float(torch.finfo(torch.float32).eps) if dtype.itemsize <= 4 else float(torch.finfo(dtype).eps)
+
+
+def _type_name(value) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _check_eps(eps, dtype: torch.dtype):
+    """eps as a float (None: default_eps(dtype)). Under torch.compile a Python
+    float may be traced as a symbolic value, whose range cannot be read here
+    without a guard on it: the custom op checks it when it runs, before any
+    kernel (ops.check_eps). Tracing it needs no guard on its range, so the graph
+    neither breaks nor recompiles per token count; each distinct eps value still
+    compiles once, because the op takes eps as a concrete float (as
+    torch.nn.functional.rms_norm's aten op does)."""
     if eps is None:
-        return float(torch.finfo(dtype).eps)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+        return default_eps(dtype)
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat)):
+        raise TypeError(f"eps must be a real number or None, got {_type_name(eps)}")
+    if torch.compiler.is_compiling():
+        return eps
     eps = float(eps)
-    if not math.isfinite(eps) or eps <= 0.0:
-        raise ValueError(f"eps must be finite and > 0, got {eps}")
+    check_eps(eps)
     return eps
 
 
+def _is_numpy_bool(value) -> bool:
+    t = type(value)
+    return t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")
+
+
 def _check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    """A bool (numpy's bool too, returned as a Python bool)."""
+    if isinstance(value, bool):
+        return value
+    if _is_numpy_bool(value):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {_type_name(value)}")
 
 
 def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
@@ -90,14 +118,15 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
     Returns y, or (y, h) with a residual, where h = x + residual (rounded to
     the residual's dtype: x's, or float32 for a float32 residual stream under
     16-bit x) is the next residual stream. ``weight=None`` means no affine;
-    ``eps=None`` means ``torch.finfo(x.dtype).eps``. ``deterministic=False``
-    allows a faster dw whose last bits may vary between calls.
+    ``eps=None`` means torch's default, the float32 machine epsilon
+    (``default_eps``). ``deterministic=False`` allows a faster dw whose last
+    bits may vary between calls.
     """
     _check_activation("x", x)
     weight = _check_weight(weight, x)
     _check_residual(residual, x)
     eps = _check_eps(eps, x.dtype)
-    _check_flag("deterministic", deterministic)
+    deterministic = _check_flag("deterministic", deterministic)
     return RMSNormFunction.apply(x, weight, eps, residual, deterministic)
 
 
@@ -118,7 +147,7 @@ def _check_gate(gate, x):
 
 
 def _gated_variant(weight, norm_before_gate, activation) -> Variant:
-    _check_flag("norm_before_gate", norm_before_gate)
+    norm_before_gate = _check_flag("norm_before_gate", norm_before_gate)
     return Variant(weight is not None, False, check_activation(activation), norm_before_gate)
 
 
@@ -135,7 +164,7 @@ def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activati
     weight = _check_weight(weight, x)
     eps = _check_eps(eps, x.dtype)
     variant = _gated_variant(weight, norm_before_gate, activation)
-    _check_flag("deterministic", deterministic)
+    deterministic = _check_flag("deterministic", deterministic)
     return RMSNormFunction.apply(x, weight, eps, None, deterministic, gate, variant)
 
 
@@ -155,7 +184,7 @@ def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True,
                             deterministic=True, workspace=None):
     """Explicit gated backward: (dx, dgate, dw); dw is float32 [H], or None
     without a weight."""
-    _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x", gated=True)
+    deterministic = _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x", gated=True)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     variant = _gated_variant(weight, norm_before_gate, activation)
@@ -179,7 +208,7 @@ def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, works
     """Explicit backward: (dx, dw). dx has h's dtype (it is also the residual's
     gradient); dw is float32 [H], or None without a weight. With a workspace
     (see backward_workspace) nothing but the outputs is allocated."""
-    _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
+    deterministic = _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
     weight = _check_weight(weight, h, "h")
     dx, dw, _, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, "", deterministic, True,
                                                     workspace)
@@ -201,7 +230,7 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
         raise ValueError(f"rstd must be on {n}'s device {h.device}, got {rstd.device}")
     if dh is not None:
         _check_like("dh", dh, h, n)
-    _check_flag("deterministic", deterministic)
+    deterministic = _check_flag("deterministic", deterministic)
     if workspace is not None:
         if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
             raise TypeError("workspace must be a torch.uint8 tensor from backward_workspace()")
@@ -215,6 +244,7 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
                              f"H={h.shape[-1]}, got {workspace.numel()}")
+    return deterministic
 
 
 def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,
@@ -231,8 +261,8 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
         raise ValueError(f"hidden must be in [1, {MAX_HIDDEN}], got {hidden}")
     if dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"dtype must be one of {_dtype_names(ACTIVATION_DTYPES)}, got {dtype}")
-    _check_flag("deterministic", deterministic)
-    _check_flag("gated", gated)
+    deterministic = _check_flag("deterministic", deterministic)
+    gated = _check_flag("gated", gated)
     variant = Variant(gate="silu" if gated else None)
     arch = arch_of(device) if device is not None else _default_arch()
     return plan.backward_plan(int(rows), int(hidden), dtype, variant, deterministic, True, arch).workspace_bytes

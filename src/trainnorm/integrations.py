@@ -2,24 +2,29 @@
 
 ``patch_transformers(model)`` replaces, in place, the RMSNorm modules of
 Llama-, Qwen2-, Qwen3- and Qwen3-Next-style models (and any other module whose
-class name contains ``RMSNorm`` and whose behaviour is recognised). transformers
-itself is never imported here: modules are matched by class name and then
-classified by a numerical probe of their own forward, so the swap never changes
-the math silently.
+class name contains ``RMSNorm`` and whose behaviour is recognised).
+``patch_transformers_classes(...)`` replaces the classes themselves, before a
+model is built (``from_pretrained`` then builds trainnorm's modules).
+transformers itself is never imported here: modules are matched by class name
+and then classified by a numerical probe of their own forward, so the swap
+never changes the math silently.
 """
 from __future__ import annotations
 
 import inspect
+import sys
+import types
 import warnings
 
 import torch
 from torch import nn
 
 from . import reference
-from .functional import rms_norm, rms_norm_gated
+from .functional import _check_flag, rms_norm, rms_norm_gated
 from .modules import RMSNorm, RMSNormGated
 
-__all__ = ["patch_transformers", "plan_transformers", "OffsetRMSNorm", "OffsetRMSNormGated"]
+__all__ = ["patch_transformers", "plan_transformers", "patch_transformers_classes", "unpatch_transformers_classes",
+           "OffsetRMSNorm", "OffsetRMSNormGated"]
 
 # Kinds of norm the probe recognises: (gated, norm_before_gate, weight offset)
 _KINDS = {
@@ -244,8 +249,7 @@ def patch_transformers(model: nn.Module, *, deterministic: bool = True) -> int:
     Returns the number of modules swapped (a module shared by several parents
     counts once).
     """
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    deterministic = _check_flag("deterministic", deterministic)
     plan = plan_transformers(model)
     replaced: dict[int, tuple[nn.Module, nn.Module]] = {}   # id(original) -> (original, replacement)
     skipped = []
@@ -263,3 +267,128 @@ def patch_transformers(model: nn.Module, *, deterministic: bool = True) -> int:
         warnings.warn("trainnorm.patch_transformers left these modules untouched: " + "; ".join(skipped),
                       UserWarning, stacklevel=2)
     return len(replaced)
+
+
+# --- patching classes, before a model is built ----------------------------------------------
+
+_PROBE_HIDDEN = 32
+
+
+def _namespaces(targets) -> list[types.ModuleType]:
+    out = []
+    for t in targets:
+        if isinstance(t, types.ModuleType):
+            mod = t
+        elif isinstance(t, type):
+            mod = sys.modules.get(t.__module__)
+            if mod is None:
+                raise ValueError(f"targets: the module {t.__module__!r} of {t.__qualname__} is not imported")
+        else:
+            raise TypeError("targets must be Python modules (e.g. transformers.models.llama.modeling_llama) or "
+                            f"classes defined in them (e.g. LlamaForCausalLM), got {type(t).__name__}")
+        if mod not in out:
+            out.append(mod)
+    return out
+
+
+def _norm_classes(mod: types.ModuleType):
+    """(attribute name, class) of the module's RMSNorm classes, patched ones included."""
+    for name, value in sorted(vars(mod).items()):
+        if (isinstance(value, type) and issubclass(value, nn.Module) and "rmsnorm" in name.lower()
+                and (not value.__module__.startswith("trainnorm") or hasattr(value, "_trainnorm_original"))):
+            yield name, value
+
+
+def _classify_class(cls: type):
+    """(kind, None) or (None, reason), from an instance built with the class's own constructor."""
+    try:
+        with torch.device("cpu"):
+            probe = cls(_PROBE_HIDDEN)
+    except Exception as exc:  # noqa: BLE001 - a constructor that wants more than (hidden_size): leave it alone
+        return None, f"{cls.__name__}({_PROBE_HIDDEN}) raised {type(exc).__name__}: {exc}"
+    return _classify(probe)
+
+
+def _patched_class(original: type, kind: str, deterministic: bool, base: type) -> type:
+    """A subclass of trainnorm's module `base`, named like `original` and built
+    with its constructor: the original is built (its own parameter
+    initialisation, dtype and device), then turned into trainnorm's module
+    holding the same weight Parameter and eps, as patch_transformers does."""
+
+    def __init__(self, *args, **kwargs):
+        built = _replacement(original(*args, **kwargs), kind, deterministic)
+        # this object takes over the state of the module just built, an instance of `base`
+        self.__dict__.update(built.__dict__)
+
+    return type(original.__name__, (base,), {
+        "__init__": __init__,
+        "__module__": __name__,
+        "__qualname__": original.__qualname__,
+        "__doc__": f"trainnorm's {base.__name__} in place of {original.__module__}.{original.__qualname__} "
+                   f"(built with its constructor; kind {kind!r}).",
+        "_trainnorm_original": original,
+        "_trainnorm_kind": kind,
+    })
+
+
+def patch_transformers_classes(*targets, deterministic: bool = True) -> dict[str, str]:
+    """Replace the RMSNorm classes of transformers models with trainnorm's, before
+    the models are built, so that ``from_pretrained`` (or any construction)
+    builds trainnorm's modules directly.
+
+    ``targets``: modeling modules (``transformers.models.llama.modeling_llama``)
+    or classes defined in them (``LlamaForCausalLM``: its module is patched).
+    Each class in such a module whose name contains ``RMSNorm`` is built once
+    with its own constructor at a probe width of 32, and classified as
+    :func:`patch_transformers` classifies modules; a recognised class is
+    replaced, in that module's namespace, by a subclass of trainnorm's
+    replacement (``trainnorm.RMSNorm``, ``RMSNormGated``, ``OffsetRMSNorm``,
+    ``OffsetRMSNormGated``) that keeps the original's name and constructor:
+    each instance builds the original (its parameter initialisation, dtype
+    and device) and takes its weight Parameter and eps. The model code looks
+    the class up in that namespace when it builds a layer, so models built
+    afterwards hold trainnorm's modules, with the same state_dict keys.
+    Models built before are unchanged (use :func:`patch_transformers` on
+    them). Unrecognised classes are left alone and named in a UserWarning.
+    Instances pickle by class name, so pickle a patched model's state_dict,
+    not the model.
+
+    Returns ``{"module.ClassName": kind}`` for every candidate, with
+    ``"skip: <reason>"`` for those left alone (``"patched: <kind>"`` for a
+    class patched before). Undo with :func:`unpatch_transformers_classes`.
+    """
+    deterministic = _check_flag("deterministic", deterministic)
+    result: dict[str, str] = {}
+    skipped = []
+    for mod in _namespaces(targets):
+        for name, cls in _norm_classes(mod):
+            key = f"{mod.__name__}.{name}"
+            if hasattr(cls, "_trainnorm_original"):
+                result[key] = f"patched: {cls._trainnorm_kind}"
+                continue
+            kind, reason = _classify_class(cls)
+            if kind is None:
+                result[key] = f"skip: {reason}"
+                skipped.append(f"{key}: {reason}")
+                continue
+            with torch.device("cpu"):
+                base = type(_replacement(cls(_PROBE_HIDDEN), kind, deterministic))
+            setattr(mod, name, _patched_class(cls, kind, deterministic, base))
+            result[key] = kind
+    if skipped:
+        warnings.warn("trainnorm.patch_transformers_classes left these classes untouched: " + "; ".join(skipped),
+                      UserWarning, stacklevel=2)
+    return result
+
+
+def unpatch_transformers_classes(*targets) -> int:
+    """Put back the classes that :func:`patch_transformers_classes` replaced in
+    the targets' modules; returns how many. Modules already built keep their class."""
+    n = 0
+    for mod in _namespaces(targets):
+        for name, cls in list(_norm_classes(mod)):
+            original = getattr(cls, "_trainnorm_original", None)
+            if original is not None:
+                setattr(mod, name, original)
+                n += 1
+    return n

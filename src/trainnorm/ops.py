@@ -6,6 +6,7 @@ with fullgraph=True and torch.library.opcheck passes.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -13,6 +14,26 @@ from torch import Tensor
 
 from . import dispatch
 from .variant import DTYPE_NAMES, DTYPES, Variant
+
+# The kernels add eps in float32: an eps outside float32's normal range would be
+# rounded to 0 or a subnormal (1e-50: a zero row's rstd becomes inf, y NaN) or to
+# inf (1e39: rstd 0, y all zeros). Such an eps is an error on every path.
+EPS_MIN = float(torch.finfo(torch.float32).tiny)    # 1.1754944e-38
+EPS_MAX = float(torch.finfo(torch.float32).max)     # 3.4028235e+38
+
+
+def check_eps(eps: float) -> None:
+    """ValueError unless eps is finite, > 0 and a normal float32 number.
+
+    The public functions check eps as they are called; the forward op checks
+    it again when it runs, for an eps that torch.compile traced as a symbolic
+    value (dynamic shapes), whose range is known only then."""
+    if not EPS_MIN <= eps <= EPS_MAX:
+        if not math.isfinite(eps) or eps <= 0.0:
+            raise ValueError(f"eps must be finite and > 0, got {eps}")
+        raise ValueError(f"eps must be a normal float32 number, in [{EPS_MIN:.8g}, {EPS_MAX:.8g}] (the kernels "
+                         f"add it in float32, where {eps} is {'0 or a subnormal' if eps < EPS_MIN else 'inf'}), "
+                         f"got {eps}")
 
 
 # Registered with torch.library's low-level API (define + impl + register_fake)
@@ -35,6 +56,7 @@ _lib.define("rms_norm_bwd(Tensor dy, Tensor h, Tensor? weight, Tensor rstd, Tens
 def rms_norm_fwd(x: Tensor, weight: Optional[Tensor], residual: Optional[Tensor], gate: Optional[Tensor],
                  eps: float, variant: str) -> tuple[Tensor, Tensor, Tensor]:
     """(y, rstd, h); h is empty without a residual (the caller's x is h then)."""
+    check_eps(eps)
     v = Variant.from_spec(variant, weight=weight, residual=residual, gate=gate)
     return dispatch.forward(x, weight, residual, gate, eps, v)
 
@@ -141,11 +163,40 @@ class RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         if dy is None:
             dy = torch.zeros_like(h)
-        dx, dw, dz, dr = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
-                                                          ctx.deterministic, need_dw, None)
+        with torch.no_grad():
+            dx, dw, dz, dr = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, gate, ctx.variant,
+                                                              ctx.deterministic, need_dw, None)
         needs = ctx.needs_input_grad
         # the residual's gradient: x's (the same tensor) when both share a dtype, else the
         # float32 stream's own
         dres = (dr if dr.numel() else dx) if ctx.has_residual and needs[3] else None
         dgate = dz if gate is not None and needs[5] else None
-        return (dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None
+        grads = [(dx if needs[0] else None), (dw if need_dw else None), None, dres, None, dgate, None]
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, dh, h, weight, gate)):
+            grads = _no_double_backward(grads)      # backward(create_graph=True)
+        return tuple(grads)
+
+
+DOUBLE_BACKWARD = ("trainnorm does not support double backward: the backward of rms_norm / rms_norm_gated / "
+                   "RMSNorm is not differentiable, so a gradient of their gradients (create_graph=True, then a "
+                   "second backward) cannot be taken. torch.nn.functional.rms_norm supports it.")
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """The gradients, unchanged, as outputs whose own backward is a clear error."""
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return grads
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(DOUBLE_BACKWARD)
+
+
+def _no_double_backward(grads: list) -> list:
+    unique = list({id(g): g for g in grads if g is not None}.values())   # dx may also be the residual's
+    # inputs that require grad, so that the outputs get _NoDoubleBackward as their grad_fn
+    wrapped = _NoDoubleBackward.apply(*(g.detach().requires_grad_() for g in unique))
+    by_id = dict(zip(map(id, unique), wrapped))
+    return [None if g is None else by_id[id(g)] for g in grads]
