@@ -86,6 +86,12 @@ BAD_FORWARD = [
     (lambda d: dict(x=_x(d), eps=1e-50), ValueError, "eps must be a normal float32 number.*got 1e-50"),
     (lambda d: dict(x=_x(d), eps=1e-40), ValueError, "eps must be a normal float32 number.*got 1e-40"),
     (lambda d: dict(x=_x(d), eps=1e39), ValueError, "eps must be a normal float32 number.*got 1e\\+39"),
+    (lambda d: dict(x=_x(d), weight_offset=True), TypeError, "weight_offset must be a real number, got bool"),
+    (lambda d: dict(x=_x(d), weight_offset="1"), TypeError, "weight_offset must be a real number, got str"),
+    (lambda d: dict(x=_x(d), weight_offset=float("inf")), ValueError, "weight_offset must be finite"),
+    (lambda d: dict(x=_x(d), weight=None, weight_offset=1.0), ValueError, "weight_offset=1.0 needs a weight"),
+    (lambda d: dict(x=_x(d), out_dtype=torch.float64), TypeError, "out_dtype must be None or one of"),
+    (lambda d: dict(x=_x(d), out_dtype="float32"), TypeError, "out_dtype must be None or one of"),
 ]
 
 
@@ -119,7 +125,8 @@ def _bwd_args(device, rows=4, hidden=H):
 
 
 BAD_BACKWARD = [
-    (dict(dy=lambda a: a["dy"].float()), TypeError, "dy must have dtype"),
+    (dict(dy=lambda a: a["dy"].double()), TypeError, "dy must have dtype bfloat16, float16, float32 .y's"),
+    (dict(dy=lambda a: a["dy"].to(torch.int32)), TypeError, "dy must have dtype"),
     (dict(dy=lambda a: a["dy"][:3]), ValueError, "dy must have the shape of h"),
     (dict(rstd=lambda a: a["rstd"].double()), TypeError, "rstd must be float32"),
     (dict(rstd=lambda a: a["rstd"][:3]), ValueError, "rstd must have shape"),
@@ -387,6 +394,9 @@ BAD_MODULE = [
     (dict(dtype=torch.float64), TypeError, "dtype must be None or one of bfloat16, float16, float32, got torch.float64"),
     (dict(dtype=torch.int32), TypeError, "dtype must be None or one of"),
     (dict(deterministic=1), TypeError, "deterministic must be a bool, got int"),
+    (dict(weight_offset=None), TypeError, "weight_offset must be a real number, got NoneType"),
+    (dict(weight_offset=float("nan")), ValueError, "weight_offset must be finite"),
+    (dict(weight_offset=1.0, elementwise_affine=False), ValueError, "weight_offset=1.0 needs elementwise_affine"),
 ]
 
 
@@ -522,3 +532,15 @@ def test_module_options(device):
     x, r = _x(device), _x(device)
     y, h = m2(x, r)
     assert_bits_equal(h, (x.float() + r.float()).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("cls", [trainnorm.RMSNorm, trainnorm.RMSNormGated])
+def test_module_weight_offset_starts_at_the_identity_scale(cls):
+    # (weight_offset + weight) is one when built and after reset_parameters: zeros for offset 1
+    m = cls(H, weight_offset=1.0)
+    assert torch.equal(m.weight, torch.zeros(H)) and "weight_offset=1.0" in repr(m)
+    m.weight.data.fill_(3.0)
+    m.reset_parameters()
+    assert torch.equal(m.weight, torch.zeros(H))
+    assert torch.equal(cls(H, weight_offset=0.5).weight, torch.full((H,), 0.5))
+    assert torch.equal(cls(H).weight, torch.ones(H)) and "weight_offset" not in repr(cls(H))

@@ -143,3 +143,22 @@ def test_module_dynamic_inductor(monkeypatch):
         for a, b in zip(got, [p.grad for p in block.parameters()]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert _frames() == 1 and not counters["graph_break"]
+
+
+def test_weight_offset_and_out_dtype_compile():
+    # the offset and y's dtype travel in the op's variant string: fullgraph, one graph for
+    # every token count, the same bits as eager
+    def f(x, r, w):
+        y, h = trainnorm.rms_norm(x, w, 1e-6, residual=r, weight_offset=1.0, out_dtype=torch.float32)
+        return y, h
+
+    compiled = torch.compile(f, backend="aot_eager", dynamic=True, fullgraph=True)
+    w = (0.1 * torch.randn(H)).to(torch.bfloat16)
+    for t in TOKENS:
+        x = torch.randn(t, H).to(torch.bfloat16)
+        r = torch.randn(t, H)                                  # a float32 residual stream
+        got, want = compiled(x, r, w), f(x, r, w)
+        assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
+        for a, b in zip(got, want):
+            assert_bits_equal(a, b, f"T={t}")
+    assert _frames() == 1 and not counters["graph_break"]

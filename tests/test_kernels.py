@@ -745,3 +745,76 @@ def test_residual_dtype_checked(device):
         trainnorm.rms_norm(x, w, residual=torch.randn(3, 64, device=device).to(torch.float16))
     with pytest.raises(TypeError, match="residual must have x's dtype .* or float32"):
         trainnorm.rms_norm(x.float(), w.float(), residual=torch.randn(3, 64, device=device).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("residual", [None, "bf16", "fp32"])
+def test_weight_offset_api(device, residual):
+    # rms_norm(..., weight_offset=1) and RMSNorm(weight_offset=1): (1 + w) inside the
+    # kernels, the op's "w+1.0" variant, gradients to the zero-centred weight
+    hidden, rows = 96, 19
+    case = make_case("outlier", (rows,), hidden, seed=31, device=device)
+    r = {None: None, "bf16": torch.randn(case.x.shape, device=device).to(torch.bfloat16),
+         "fp32": torch.randn(case.x.shape, device=device)}[residual]
+    w = (0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)
+    m = trainnorm.RMSNorm(hidden, EPS, weight_offset=1.0, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(w)
+    x = case.x.clone().requires_grad_()
+    out = m(x, r)
+    y, h = out if r is not None else (out, case.x)
+    spec = "w+1.0" + (",x:bf16" if residual == "fp32" else "")
+    y_op, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(case.x, w, r, None, EPS, spec)
+    assert_bits_equal(y, y_op, "y: the module and the op's offset variant")
+    y64, _, _ = reference.forward_fp64(case.x, w, EPS, r, weight_offset=1.0)
+    assert_close64(y, y64, "y")
+    y.backward(case.dy)
+    dx64, dw64 = reference.backward_fp64(case.dy, h.detach(), w, rstd, None, weight_offset=1.0)
+    assert_close64(x.grad, dx64, "dx")
+    dx, dw = trainnorm.rms_norm_backward(case.dy, h.detach(), w, rstd, weight_offset=1.0)
+    assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    assert_bits_equal(dw.to(torch.bfloat16), m.weight.grad, "dw: autograd and the explicit backward")
+    # the explicit forward takes it too, and the gated forms
+    assert_bits_equal(trainnorm.rms_norm_forward(case.x, w, EPS, residual=r, weight_offset=1.0)[0], y, "y")
+    z = torch.randn(case.x.shape, device=device).to(torch.bfloat16)
+    g = trainnorm.rms_norm_gated(case.x, z, w, EPS, weight_offset=1.0)
+    g64, _, _ = reference.forward_fp64(case.x, w, EPS, None, z, weight_offset=1.0)
+    assert_close64(g, g64, "gated y")
+    gm = trainnorm.RMSNormGated(hidden, EPS, weight_offset=1.0, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm.weight.copy_(w)
+    assert_bits_equal(gm(case.x, z), g, "gated module")
+
+
+@pytest.mark.parametrize("x_dtype,residual,out_dtype", [
+    (torch.bfloat16, False, torch.float32), (torch.bfloat16, True, torch.float32),
+    (torch.float32, False, torch.bfloat16), (torch.float16, False, torch.bfloat16)])
+def test_out_dtype(device, x_dtype, residual, out_dtype):
+    # y stored in out_dtype from the same float32 value: rounded to x's dtype it is the
+    # default call's y bit for bit; dy arrives in out_dtype and the gradients are those of
+    # the same function
+    hidden, rows = 96, 23
+    case = make_case("outlier", (rows,), hidden, dtype=x_dtype, seed=37, device=device)
+    r = torch.randn(case.x.shape, device=device) if residual else None      # a float32 stream
+    grads = {}
+    for det in (True, False):
+        x = case.x.clone().requires_grad_()
+        w = case.weight.clone().requires_grad_()
+        out = trainnorm.rms_norm(x, w, EPS, residual=r, deterministic=det, out_dtype=out_dtype)
+        y = out[0] if residual else out
+        assert y.dtype == out_dtype
+        y.backward(case.dy.to(out_dtype))
+        grads[det] = (x.grad, w.grad)
+    base = trainnorm.rms_norm(case.x, case.weight, EPS, residual=r)
+    base = base[0] if residual else base
+    h = case.x.float() + r if residual else case.x
+    y64, _, _ = reference.forward_fp64(case.x, case.weight, EPS, r)
+    assert_close64(y, y64, "y")
+    if out_dtype.itemsize > x_dtype.itemsize:
+        assert_bits_equal(y.to(x_dtype), base, "y rounded to x's dtype")
+    _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=r)
+    dx64, dw64 = reference.backward_fp64(case.dy.to(out_dtype), h, case.weight, rstd)
+    assert_close64(grads[True][0], dx64, "dx")
+    assert_bits_equal(grads[True][0], grads[False][0], "dx: both modes")
+    _, dw = trainnorm.rms_norm_backward(case.dy.to(out_dtype), h, case.weight, rstd)
+    assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    assert_bits_equal(dw.to(case.weight.dtype), grads[True][1], "dw")

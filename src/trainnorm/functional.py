@@ -6,6 +6,7 @@ that names the argument.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -14,7 +15,7 @@ from . import plan
 from .configs import MAX_HIDDEN
 from .ops import RMSNormFunction, check_eps
 from .rows import arch_of
-from .variant import Variant, check_activation
+from .variant import DTYPE_NAMES, Variant, check_activation
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DEVICE_TYPES = ("cuda", "cpu")
@@ -56,7 +57,9 @@ def _check_weight(weight, x: torch.Tensor, x_name: str = "x"):
         return None
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
-    if weight.dtype not in (x.dtype, torch.float32):
+    if x_name == "h" and x.dtype == torch.float32 and weight.dtype in ACTIVATION_DTYPES:
+        pass        # a float32 residual stream h under 16-bit x: the weight is x's dtype or float32
+    elif weight.dtype not in (x.dtype, torch.float32):
         raise TypeError(f"weight must have {x_name}'s dtype ({x.dtype}) or float32, got {weight.dtype}")
     hidden = x.shape[-1]
     if tuple(weight.shape) != (hidden,):
@@ -112,7 +115,31 @@ def _check_flag(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool, got {_type_name(value)}")
 
 
-def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
+def _check_weight_offset(weight_offset, weight) -> float:
+    """weight_offset as a float: y = norm(h) * (weight_offset + weight), 1.0 for the
+    zero-centred weights of Gemma-style norms; the offset is added in float32 inside
+    the kernels, so dw is the same sum as without it."""
+    if isinstance(weight_offset, bool) or not isinstance(weight_offset, (numbers.Real, torch.SymFloat)):
+        raise TypeError(f"weight_offset must be a real number, got {_type_name(weight_offset)}")
+    offset = float(weight_offset)     # under torch.compile: specialised, one graph per offset
+    if offset != offset or abs(offset) == math.inf:     # (math.isfinite breaks a dynamo graph)
+        raise ValueError(f"weight_offset must be finite, got {offset}")
+    if offset and weight is None:
+        raise ValueError(f"weight_offset={offset} needs a weight (y = norm(x) * (weight_offset + weight)), "
+                         "got weight=None")
+    return offset
+
+
+def _check_out_dtype(out_dtype, x) -> str | None:
+    """The spec's name of y's dtype, or None for x's own."""
+    if out_dtype is None or out_dtype == x.dtype:
+        return None
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"out_dtype must be None or one of {_dtype_names(ACTIVATION_DTYPES)}, got {out_dtype!r}")
+    return DTYPE_NAMES[out_dtype]
+
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True, weight_offset=0.0, out_dtype=None):
     """RMSNorm over the last dimension, differentiable in x, weight and residual.
 
     Returns y, or (y, h) with a residual, where h = x + residual (rounded to
@@ -120,14 +147,22 @@ def rms_norm(x, weight, eps=1e-6, *, residual=None, deterministic=True):
     16-bit x) is the next residual stream. ``weight=None`` means no affine;
     ``eps=None`` means torch's default, the float32 machine epsilon
     (``default_eps``). ``deterministic=False`` allows a faster dw whose last
-    bits may vary between calls.
+    bits may vary between calls. ``weight_offset``: y = norm(h) * (offset +
+    weight), 1.0 for zero-centred (Gemma-style) weights, added inside the
+    kernels. ``out_dtype``: y's dtype (bf16, fp16 or fp32), x's by default.
     """
     _check_activation("x", x)
     weight = _check_weight(weight, x)
     _check_residual(residual, x)
     eps = _check_eps(eps, x.dtype)
     deterministic = _check_flag("deterministic", deterministic)
-    return RMSNormFunction.apply(x, weight, eps, residual, deterministic)
+    variant = _plain_variant(weight, residual, weight_offset, out_dtype, x)
+    return RMSNormFunction.apply(x, weight, eps, residual, deterministic, None, variant)
+
+
+def _plain_variant(weight, residual, weight_offset, out_dtype, x) -> Variant:
+    return Variant(weight is not None, residual is not None, weight_offset=_check_weight_offset(weight_offset, weight),
+                   y_dtype=_check_out_dtype(out_dtype, x))
 
 
 def _check_residual(residual, x):
@@ -146,79 +181,91 @@ def _check_gate(gate, x):
     _check_like("gate", gate, x, "x")
 
 
-def _gated_variant(weight, norm_before_gate, activation) -> Variant:
+def _gated_variant(weight, norm_before_gate, activation, weight_offset=0.0, out_dtype=None, x=None) -> Variant:
     norm_before_gate = _check_flag("norm_before_gate", norm_before_gate)
-    return Variant(weight is not None, False, check_activation(activation), norm_before_gate)
+    return Variant(weight is not None, False, check_activation(activation), norm_before_gate,
+                   _check_weight_offset(weight_offset, weight), y_dtype=_check_out_dtype(out_dtype, x))
 
 
-def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu", deterministic=True):
+def rms_norm_gated(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu", deterministic=True,
+                   weight_offset=0.0, out_dtype=None):
     """Gated RMSNorm, differentiable in x, gate and weight; a = the activation
     ("silu", the default, or "sigmoid").
 
     norm_before_gate=True:  y = rms_norm(x) * weight * a(gate)   (Qwen3-Next,
                                 flash-linear-attention's fused_norm_gate)
     norm_before_gate=False: y = rms_norm(x * a(gate)) * weight   (Mamba2)
+
+    weight_offset and out_dtype as in rms_norm (Qwen3-Next's gated norm: 1.0).
     """
     _check_activation("x", x)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     eps = _check_eps(eps, x.dtype)
-    variant = _gated_variant(weight, norm_before_gate, activation)
+    variant = _gated_variant(weight, norm_before_gate, activation, weight_offset, out_dtype, x)
     deterministic = _check_flag("deterministic", deterministic)
     return RMSNormFunction.apply(x, weight, eps, None, deterministic, gate, variant)
 
 
-def rms_norm_gated_forward(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu"):
+def rms_norm_gated_forward(x, gate, weight, eps=1e-6, *, norm_before_gate=True, activation="silu",
+                           weight_offset=0.0, out_dtype=None):
     """Explicit gated forward: (y, rstd); rstd is that of x, or of x * a(gate)
     when the gate comes first."""
     _check_activation("x", x)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
     eps = _check_eps(eps, x.dtype)
-    variant = _gated_variant(weight, norm_before_gate, activation)
+    variant = _gated_variant(weight, norm_before_gate, activation, weight_offset, out_dtype, x)
     y, rstd, _ = torch.ops.trainnorm.rms_norm_fwd(x, weight, None, gate, eps, variant.spec)
     return y, rstd
 
 
 def rms_norm_gated_backward(dy, x, gate, weight, rstd, *, norm_before_gate=True, activation="silu",
-                            deterministic=True, workspace=None):
+                            deterministic=True, workspace=None, weight_offset=0.0):
     """Explicit gated backward: (dx, dgate, dw); dw is float32 [H], or None
-    without a weight."""
+    without a weight. dy may have any activation dtype (y's, with out_dtype)."""
     deterministic = _check_backward_args(dy, x, weight, rstd, None, deterministic, workspace, "x", gated=True)
     _check_gate(gate, x)
     weight = _check_weight(weight, x)
-    variant = _gated_variant(weight, norm_before_gate, activation)
+    variant = _gated_variant(weight, norm_before_gate, activation, weight_offset)
     dx, dw, dz, _ = torch.ops.trainnorm.rms_norm_bwd(dy, x, weight, rstd, None, gate, variant.spec,
                                                   deterministic, True, workspace)
     return dx, dz, (dw if weight is not None else None)
 
 
-def rms_norm_forward(x, weight, eps=1e-6, *, residual=None):
-    """Explicit forward: (y, rstd, h). y has x's dtype, rstd is float32 [...],
-    h is x + residual (or x itself without a residual)."""
+def rms_norm_forward(x, weight, eps=1e-6, *, residual=None, weight_offset=0.0, out_dtype=None):
+    """Explicit forward: (y, rstd, h). y has x's dtype (or out_dtype), rstd is
+    float32 [...], h is x + residual in the residual's dtype (or x itself
+    without a residual)."""
     _check_activation("x", x)
     weight = _check_weight(weight, x)
     _check_residual(residual, x)
     eps = _check_eps(eps, x.dtype)
-    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, "")
+    variant = _plain_variant(weight, residual, weight_offset, out_dtype, x)
+    y, rstd, h = torch.ops.trainnorm.rms_norm_fwd(x, weight, residual, None, eps, variant.spec)
     return y, rstd, (h if residual is not None else x)
 
 
-def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, workspace=None):
+def rms_norm_backward(dy, h, weight, rstd, *, dh=None, deterministic=True, workspace=None, weight_offset=0.0):
     """Explicit backward: (dx, dw). dx has h's dtype (it is also the residual's
-    gradient); dw is float32 [H], or None without a weight. With a workspace
-    (see backward_workspace) nothing but the outputs is allocated."""
+    gradient); dw is float32 [H], or None without a weight. dy may have any
+    activation dtype (y's, with out_dtype); dh has h's. With a workspace (see
+    backward_workspace) nothing but the outputs is allocated."""
     deterministic = _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace)
     weight = _check_weight(weight, h, "h")
-    dx, dw, _, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, "", deterministic, True,
-                                                    workspace)
+    variant = Variant(weight is not None, dh is not None, weight_offset=_check_weight_offset(weight_offset, weight))
+    dx, dw, _, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, weight, rstd, dh, None, variant.spec, deterministic,
+                                                    True, workspace)
     return dx, (dw if weight is not None else None)
 
 
 def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_name="h", gated=False):
     n = h_name
     _check_activation(n, h)
-    _check_like("dy", dy, h, n)
+    if isinstance(dy, torch.Tensor) and dy.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"dy must have dtype {_dtype_names(ACTIVATION_DTYPES)} (y's: {n}'s, or out_dtype), "
+                        f"got {dy.dtype}")
+    _check_like("dy", dy, h, n, dtype=getattr(dy, "dtype", None))
     _check_weight(weight, h, n)
     if not isinstance(rstd, torch.Tensor):
         raise TypeError(f"rstd must be a torch.Tensor, got {type(rstd).__name__}")

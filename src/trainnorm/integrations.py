@@ -40,12 +40,19 @@ _PROBE_ROWS = 8
 _PROBE_RTOL = 1e-4
 
 
+def _weight_for(weight, x):
+    """The weight as the kernels take it: in x's dtype or float32 (a 16-bit
+    checkpoint weight under float32 activations is widened, as the models do)."""
+    return weight if weight.dtype in (x.dtype, torch.float32) else weight.float()
+
+
 class OffsetRMSNorm(nn.Module):
     """RMSNorm with ``(1 + weight)`` scaling: ``rms_norm(x) * (1 + weight)``.
 
     Holds the original ``weight`` parameter (zero-centred, as stored in the
-    checkpoint) and calls :func:`trainnorm.rms_norm` with ``1 + weight.float()``
-    (float32, differentiable), so gradients reach ``weight`` unchanged.
+    checkpoint) and calls :func:`trainnorm.rms_norm` with it and
+    ``weight_offset=offset``: the kernels add the offset in float32 as they read
+    the weight, so there is no extra op and dw is that of ``weight``.
     """
 
     def __init__(self, weight: nn.Parameter, eps, *, offset: float = 1.0, deterministic: bool = True):
@@ -57,7 +64,8 @@ class OffsetRMSNorm(nn.Module):
         self.normalized_shape = tuple(weight.shape)
 
     def forward(self, x):
-        return rms_norm(x, self.weight.float() + self.offset, self.eps, deterministic=self.deterministic)
+        return rms_norm(x, _weight_for(self.weight, x), self.eps, deterministic=self.deterministic,
+                        weight_offset=self.offset)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, offset={self.offset}, deterministic={self.deterministic}"
@@ -73,8 +81,8 @@ class OffsetRMSNormGated(OffsetRMSNorm):
         self.norm_before_gate = norm_before_gate
 
     def forward(self, x, gate):
-        return rms_norm_gated(x, gate, self.weight.float() + self.offset, self.eps,
-                              norm_before_gate=self.norm_before_gate, deterministic=self.deterministic)
+        return rms_norm_gated(x, gate, _weight_for(self.weight, x), self.eps, norm_before_gate=self.norm_before_gate,
+                              deterministic=self.deterministic, weight_offset=self.offset)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", norm_before_gate={self.norm_before_gate}"

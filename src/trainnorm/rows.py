@@ -148,13 +148,18 @@ def descriptor_stages(stages: int, col_tiles: int, nh: int, *views) -> int:
     tensor. The layout is only inspected when a config asks for them."""
     if not stages or col_tiles != 1 or nh != 1:
         return 0
+    sizes = set()
     for t, stride in views:
         if t is None:
             continue
         e = t.element_size()
+        sizes.add(e)
         if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
             return 0
-    return stages
+    # The configs size their shared-memory stages for one element size (the tile's
+    # dtype); a wider stream beside it (a float32 residual stream or y under 16-bit
+    # x) would need up to twice the bytes per stage: plain loads then.
+    return stages if len(sizes) <= 1 else 0
 
 
 def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
