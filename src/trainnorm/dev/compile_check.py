@@ -161,14 +161,17 @@ def exercise(widths, dtypes=DTYPES, gate_orders=(True, False), heads=None):
 
 
 def _stream_forms(x, r, dy, dh, w, rstd, deterministic=(True,)):
-    """A float32 residual stream under 16-bit x, and the (1 + w) weight, through the ops."""
+    """A float32 residual stream under 16-bit x, the (1 + w) weight and a float32 y
+    (out_dtype, whose dy comes in float32), through the ops."""
     x_name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[x.dtype]
     h = torch.empty(x.shape, dtype=torch.float32)
     torch.ops.trainnorm.rms_norm_fwd(x, w, r.float(), None, 1e-6, f"x:{x_name}")
     for det in deterministic:
         torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh.float(), None, f"x:{x_name}", det, True, None)
         torch.ops.trainnorm.rms_norm_bwd(dy, x, w, rstd, None, None, "w+1.0", det, True, None)
+        torch.ops.trainnorm.rms_norm_bwd(dy.float(), x, w, rstd, None, None, "", det, True, None)
     torch.ops.trainnorm.rms_norm_fwd(x, w, None, None, 1e-6, "w+1.0")
+    torch.ops.trainnorm.rms_norm_fwd(x, w, None, None, 1e-6, "y:fp32")
 
 
 def _shapes(widths, heads):
@@ -305,7 +308,10 @@ def label(form) -> str:
     absent = [names[i] for (i,), v in sorted(constexprs.items()) if v is None and names[i] not in named]
     ones = [f"{names[i]}=1" for (i,), v in sorted(constexprs.items()) if v == 1 and names[i] not in named]
     ptrs = [(n, signature[n][1:]) for n in names if signature[n].startswith("*")]
-    dtypes = ptrs[0][1] + "".join(f" {n}:{t}" for n, t in ptrs if n == "W" and t != ptrs[0][1])
+    # the first stream's dtype, then every other stream whose dtype differs (a float32
+    # weight, residual stream or y); rstd, dw and its workspace are float32 by design
+    dtypes = ptrs[0][1] + "".join(f" {n}:{t}" for n, t in ptrs[1:]
+                                  if t != ptrs[0][1] and n not in ("RSTD", "DW", "PARTIAL", "COUNTER"))
     text = (f"{kernel.fn.__name__} {dtypes} w{options.num_warps} "
             + " ".join(f"{k}={v}" for k, v in sorted(named.items())))
     if ones:
