@@ -227,17 +227,23 @@ def _kinds_of(model):
     return found
 
 
+def _reference_model(model_cls, config):
+    """An unpatched model whose norms hold random weights around their identity value."""
+    torch.manual_seed(0)
+    ref = model_cls(config).eval()
+    with torch.no_grad():
+        for name, kind in plan_transformers(ref).items():
+            ref.get_submodule(name).weight.uniform_(-0.5, 0.5).add_(0.0 if "offset" in kind else 1.0)
+    return ref
+
+
 @pytest.mark.parametrize("key", list(MODELS))
 def test_patch_classes_builds_trainnorm_modules(hf, reference_path, patch_classes, key):
     """Models built after patching their classes hold trainnorm's modules (the kinds and
     counts patch_transformers finds), take an unpatched model's state_dict strictly, and
     give its logits and gradients; HF's own weight initialisation still reaches them."""
     config, model_cls, expected = _config(hf, key)
-    torch.manual_seed(0)
-    ref = model_cls(config).eval()
-    with torch.no_grad():
-        for name, kind in plan_transformers(ref).items():
-            ref.get_submodule(name).weight.uniform_(-0.5, 0.5).add_(0.0 if "offset" in kind else 1.0)
+    ref = _reference_model(model_cls, config)
 
     result = patch_classes(model_cls)
     assert sorted(result.values()) == sorted(expected), result    # one class per kind in these models
@@ -267,11 +273,7 @@ def test_patch_classes_builds_trainnorm_modules(hf, reference_path, patch_classe
 @pytest.mark.parametrize("key", ["llama", "qwen3_next"])
 def test_patch_classes_then_from_pretrained(hf, reference_path, patch_classes, tmp_path, key):
     config, model_cls, expected = _config(hf, key)
-    torch.manual_seed(0)
-    ref = model_cls(config).eval()
-    with torch.no_grad():
-        for name, kind in plan_transformers(ref).items():
-            ref.get_submodule(name).weight.uniform_(-0.5, 0.5).add_(0.0 if "offset" in kind else 1.0)
+    ref = _reference_model(model_cls, config)
     ref.save_pretrained(tmp_path)
     patch_classes(model_cls)
     model = model_cls.from_pretrained(tmp_path).eval()
