@@ -181,3 +181,48 @@ def test_gated_real_sizes(lead, hidden, norm_before_gate):
     again = trainnorm.rms_norm_gated_backward(dy, x, z, w, outs[True][1], norm_before_gate=norm_before_gate)
     for a, b in zip(outs[True][2:], again):
         assert_bits_equal(a, b, "repeat")
+
+
+STACK = [((65536,), 4096, "fp32 stream"), ((16384,), 6144, "fp32 stream"), ((4096,), 5120, "offset"),
+         ((65536,), 2048, "offset"), ((16384, 24), 256, "offset"), ((4096,), 4096, "fp32 y"),
+         ((300,), 1536, "fp32 stream")]
+
+
+@pytest.mark.parametrize("lead,hidden,form", STACK)
+def test_stack_forms_real_sizes(lead, hidden, form):
+    # a float32 residual stream under bf16 x, the (1 + w) weight, a float32 y: against
+    # FP64 at real sizes, dw in the budget, the same bits at every SM count and in both
+    # modes (dx), and the plain tensor-descriptor rule (mixed element sizes: plain loads)
+    from trainnorm import reference
+    from helpers import DW_BUDGET, assert_close64
+    case = make_case("outlier", lead, hidden, seed=hidden, device="cuda",
+                     query_view=len(lead) == 2)
+    r = 4 * torch.randn(case.x.shape, device="cuda") if form == "fp32 stream" else None
+    dh = torch.randn(case.x.shape, device="cuda") if r is not None else None
+    offset = 1.0 if form == "offset" else 0.0
+    w = (0.1 * case.weight.float()).to(case.weight.dtype) if offset else case.weight
+    out_dtype = torch.float32 if form == "fp32 y" else None
+    dy = case.dy.to(out_dtype) if out_dtype else case.dy
+
+    def run(det=True):
+        y, rstd, h = trainnorm.rms_norm_forward(case.x, w, EPS, residual=r, weight_offset=offset, out_dtype=out_dtype)
+        dx, dw = trainnorm.rms_norm_backward(dy, h, w, rstd, dh=dh, deterministic=det, weight_offset=offset)
+        return y, rstd, h, dx, dw
+
+    ref = run()
+    y, rstd, h, dx, dw = ref
+    y64, _, _ = reference.forward_fp64(case.x, w, EPS, r, weight_offset=offset)
+    assert_close64(y, y64, "y")
+    if r is not None:
+        assert h.dtype == torch.float32
+        assert_bits_equal(h, case.x.float() + r, "h = f32(x) + r")
+    dx64, dw64 = reference.backward_fp64(dy, h, w, rstd, dh, weight_offset=offset)
+    assert_close64(dx, dx64, "dx")
+    assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
+    for sms in (1, 66, 132, 264):
+        with simulate_sm_count(sms):
+            out = run()
+        for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
+            assert_bits_equal(a, b, f"{n} at {sms} SMs")
+    for a, b, n in zip(ref[:4], run(False)[:4], ("y", "rstd", "h", "dx")):
+        assert_bits_equal(a, b, f"{n}: both modes")
