@@ -28,11 +28,12 @@ def test_row_counts_and_unique_ids():
     assert len(set(ids)) == 105
     assert [r.group for r in seed + small + gated] == ["seed"] * 78 + ["small_t"] * 20 + ["gated"] * 7
     assert sorted(r.id for r in shapes.default_rows()) == sorted(ids)
-    # every set's rows: ids unique across the sets, the default set first
-    beyond, block = shapes.beyond_rows(), shapes.block_rows()
-    assert len(beyond) == 42 and len(block) == 2
+    # every set's rows: ids unique across the sets, the default set first; the stack set
+    # shares its 5 plain pairs with the seed rows, which all_rows holds once
+    beyond, block, stack = shapes.beyond_rows(), shapes.block_rows(), shapes.stack_rows()
+    assert len(beyond) == 42 and len(block) == 2 and len(stack) == 20
     every = [r.id for r in shapes.all_rows()]
-    assert len(every) == len(set(every)) == 105 + 42 + 2
+    assert len(every) == len(set(every)) == 105 + 42 + 2 + 15
     assert set(every[:105]) == set(ids)
 
 
@@ -435,7 +436,7 @@ def test_beyond_rows_are_public_widths_the_table_does_not_hold():
 
 
 def test_row_sets_on_the_command_line(capsys):
-    assert shapes.parse_sets("all") == ["default", "beyond", "block"]
+    assert shapes.parse_sets("all") == ["default", "beyond", "block", "stack"]
     assert shapes.parse_sets(" beyond, block,beyond") == ["beyond", "block"]
     for bad in ("", "beyond,sideways"):
         with pytest.raises(ValueError, match="--set"):
@@ -447,7 +448,7 @@ def test_row_sets_on_the_command_line(capsys):
     assert run.main(["--list", "--set", "beyond", "--shapes", "[T,8,128]"]) == 0
     assert capsys.readouterr().out.startswith("3 rows")
     assert run.main(["--list", "--set", "all"]) == 0
-    assert capsys.readouterr().out.startswith("149 rows")
+    assert capsys.readouterr().out.startswith("164 rows")
     assert run.main(["--list", "--set", "block,default", "--quick"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(shapes.QUICK_IDS) + 1} rows") and "block T4096  (decoder block)" in out
@@ -467,7 +468,8 @@ def test_block_rows_have_no_floor():
     assert res.floor_us(row, "fwd") is None and res.floor_us(by_id()["H4096 T1024"], "fwd") is not None
     with pytest.raises(ValueError, match="block"):
         impls.make_row_data(row, "cpu")
-    assert shapes.describe(shapes.all_rows()) == "149 (78 seed, 20 small-T, 42 beyond the table, 2 block)"
+    assert shapes.describe(shapes.all_rows()) == ("164 (78 seed, 20 small-T, 42 beyond the table, 2 block, "
+                                                  "15 training stack)")
 
 
 # --- report: the new groups, the block's peer, the summary without quack-f32dw ---------------

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(f"{len(rows)} rows x {len(ops)} ops ({', '.join(ops)}); implementations: {', '.join(names)}")
         marks = {"small_t": "  (small T)", "gated": "  (gated)", "beyond": "  (beyond the table)",
-                 "block": "  (decoder block)"}
+                 "block": "  (decoder block)", "stack": "  (training stack)"}
         for r in rows:
             print(f"  {r.id}{marks.get(r.group, '')}")
         return 0
