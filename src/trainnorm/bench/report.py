@@ -350,7 +350,7 @@ def stack_costs(result: BenchResult) -> list[dict]:
                 m, pm = c.get(name), pc.get(name)
                 entry[f"{key}_us"] = m.median_us if m is not None and m.timed else None
                 entry[f"pair_{key}_us"] = pm.median_us if pm is not None and pm.timed else None
-                entry[f"{key}_vs_pair"] = _ratio(pm, m)         # feature / pair: > 1 costs time
+                entry[f"{key}_vs_pair"] = _ratio(m, pm)         # feature / pair: > 1 costs time
                 entry[f"{key}_floor_pct"] = _pct(m, floor)
                 entry[f"pair_{key}_floor_pct"] = _pct(pm, pfloor)
             out.append(entry)
