@@ -28,11 +28,12 @@ def test_row_counts_and_unique_ids():
     assert len(set(ids)) == 105
     assert [r.group for r in seed + small + gated] == ["seed"] * 78 + ["small_t"] * 20 + ["gated"] * 7
     assert sorted(r.id for r in shapes.default_rows()) == sorted(ids)
-    # every set's rows: ids unique across the sets, the default set first
-    beyond, block = shapes.beyond_rows(), shapes.block_rows()
-    assert len(beyond) == 42 and len(block) == 2
+    # every set's rows: ids unique across the sets, the default set first; the stack set
+    # shares its 5 plain pairs with the seed rows, which all_rows holds once
+    beyond, block, stack = shapes.beyond_rows(), shapes.block_rows(), shapes.stack_rows()
+    assert len(beyond) == 42 and len(block) == 2 and len(stack) == 20
     every = [r.id for r in shapes.all_rows()]
-    assert len(every) == len(set(every)) == 105 + 42 + 2
+    assert len(every) == len(set(every)) == 105 + 42 + 2 + 15
     assert set(every[:105]) == set(ids)
 
 
@@ -435,7 +436,7 @@ def test_beyond_rows_are_public_widths_the_table_does_not_hold():
 
 
 def test_row_sets_on_the_command_line(capsys):
-    assert shapes.parse_sets("all") == ["default", "beyond", "block"]
+    assert shapes.parse_sets("all") == ["default", "beyond", "block", "stack"]
     assert shapes.parse_sets(" beyond, block,beyond") == ["beyond", "block"]
     for bad in ("", "beyond,sideways"):
         with pytest.raises(ValueError, match="--set"):
@@ -447,7 +448,7 @@ def test_row_sets_on_the_command_line(capsys):
     assert run.main(["--list", "--set", "beyond", "--shapes", "[T,8,128]"]) == 0
     assert capsys.readouterr().out.startswith("3 rows")
     assert run.main(["--list", "--set", "all"]) == 0
-    assert capsys.readouterr().out.startswith("149 rows")
+    assert capsys.readouterr().out.startswith("164 rows")
     assert run.main(["--list", "--set", "block,default", "--quick"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(shapes.QUICK_IDS) + 1} rows") and "block T4096  (decoder block)" in out
@@ -467,7 +468,8 @@ def test_block_rows_have_no_floor():
     assert res.floor_us(row, "fwd") is None and res.floor_us(by_id()["H4096 T1024"], "fwd") is not None
     with pytest.raises(ValueError, match="block"):
         impls.make_row_data(row, "cpu")
-    assert shapes.describe(shapes.all_rows()) == "149 (78 seed, 20 small-T, 42 beyond the table, 2 block)"
+    assert shapes.describe(shapes.all_rows()) == ("164 (78 seed, 20 small-T, 42 beyond the table, 2 block, "
+                                                  "15 training stack)")
 
 
 # --- report: the new groups, the block's peer, the summary without quack-f32dw ---------------
@@ -700,3 +702,308 @@ def test_block_adapters_time_forward_and_step():
     for name in ("trainnorm", "trainnorm-fast", "torch-compile", "trainnorm-eager"):
         for a, b in zip(got[name], ref):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+# --- the stack set: a float32 residual stream and (1 + w) weights beside their bf16 rows -------
+
+def test_stack_rows_are_well_formed_and_paired(capsys):
+    rows = shapes.ROW_SETS["stack"].rows()
+    ids = [r.id for r in rows]
+    assert len(rows) == 20 and len(set(ids)) == 20
+    r32 = [r for r in rows if r.r32]
+    offset = [r for r in rows if r.weight_offset]
+    assert len(r32) == 5 and len(offset) == 5
+    assert all(r.residual and not r.w32 and r.weight_offset == 0 and r.id.endswith(" res r32") for r in r32)
+    assert all(r.weight_offset == 1.0 and not r.residual and r.id.endswith(" 1+w") for r in offset)
+    assert {(r.hidden, r.tokens) for r in r32} == {(r.hidden, r.tokens) for r in offset} == set(shapes.STACK_SHAPES)
+    assert {r.hidden for r in r32} == {2048, 4096, 5120} and {r.tokens for r in r32} == {4096, 16384, 65536}
+    seed_ids = {r.id for r in shapes.seed_rows()}
+    for r in r32 + offset:
+        assert r.group == "stack" and r.stack_feature
+        pair = by_id()[r.pair_id]
+        assert pair.id in ids and pair.shape == r.shape and not pair.stack_feature
+        assert pair.residual == r.residual and pair.w32 == r.w32
+    # the (1 + w) rows' pairs are the seed rows themselves, the float32 stream's the bf16 residual rows
+    assert {r.pair_id for r in offset} <= seed_ids
+    assert all(by_id()[r.pair_id].group == "stack" and by_id()[r.pair_id].residual for r in r32)
+    assert by_id()["H4096 T16384 res r32"].pair_id == "H4096 T16384 res"
+    assert by_id()["H4096 T16384 1+w"].series == "H4096 1+w" and by_id()["H4096 T16384"].pair_id is None
+    assert shapes.describe(rows) == "20 (5 seed, 0 small-T, 15 training stack)"
+    assert len(shapes.select_rows(shapes.all_rows(), ["1+w"])) == 5
+    assert len(shapes.select_rows(shapes.all_rows(), ["res r32"])) == 5
+    assert {r.id for r in shapes.ROW_SETS["stack"].quick()} == set(shapes.QUICK_STACK_IDS)
+    with pytest.raises(ValueError, match="residual"):
+        Row(64, 4, r32=True)
+    with pytest.raises(ValueError, match="finite"):
+        Row(64, 4, weight_offset=float("nan"))
+    # on the command line: alone, and with the default set (its 5 plain pairs timed once)
+    assert run.main(["--list", "--set", "stack"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("20 rows x 3 ops") and "H5120 T16384 res r32  (training stack)" in out
+    assert run.main(["--list", "--set", "default,stack"]) == 0
+    assert capsys.readouterr().out.startswith("120 rows")
+    assert "stack (20 rows" in run.build_parser().format_help().replace("\n", " ").replace("  ", " ")
+
+
+def test_stack_op_bytes_count_the_float32_stream():
+    rows = by_id()
+    n, h, t = 16384 * 4096, 4096, 16384
+    f32, pair = rows["H4096 T16384 res r32"], rows["H4096 T16384 res"]
+    # forward: x read, y written (2 B); r read, h written (4 B); bf16 weight, rstd
+    assert shapes.op_bytes(f32, "fwd") == n * (2 + 2 + 4 + 4) + h * 2 + t * 4
+    # backward: dy read (2 B); h, dh read and dx written (4 B); weight, rstd, float32 dw
+    assert shapes.op_bytes(f32, "bwd") == n * (2 + 4 + 4 + 4) + h * 2 + t * 4 + h * 4
+    # exactly the wider stream's bytes more than the bf16 pair: r and h in the forward,
+    # h, dh and dx in the backward, 2 B each
+    assert shapes.op_bytes(f32, "fwd") - shapes.op_bytes(pair, "fwd") == 2 * 2 * n
+    assert shapes.op_bytes(f32, "bwd") - shapes.op_bytes(pair, "bwd") == 3 * 2 * n
+    assert shapes.op_bytes(f32, "step") - shapes.op_bytes(pair, "step") == (2 * 2 + 3) * 2 * n
+    # a weight offset moves no more bytes than the plain row
+    for op in shapes.OPS:
+        assert shapes.op_bytes(rows["H4096 T16384 1+w"], op) == shapes.op_bytes(rows["H4096 T16384"], op)
+
+
+STACK_CPU_ROWS = (Row(64, 6, residual=True, r32=True), Row(96, 5, weight_offset=1.0),
+                  Row(64, 6, residual=True, r32=True, weight_offset=1.0))
+
+
+@pytest.mark.parametrize("row", STACK_CPU_ROWS, ids=lambda r: r.id)
+def test_stack_reference_impls_agree_with_trainnorm_and_fp64(row):
+    """trainnorm's CPU path and the reference the eager and compiled peers time do the
+    row's math: h = f32(x) + r kept in float32, y = x_hat * (1 + w) in bf16, dx in h's
+    dtype, against the float64 formula."""
+    d = impls.make_row_data(row, "cpu")
+    assert d.x.dtype == d.dy.dtype == torch.bfloat16
+    stream = torch.float32 if row.r32 else torch.bfloat16
+    assert d.stream_dtype == stream and (d.r is None or d.r.dtype == d.dh.dtype == stream)
+    if row.weight_offset:
+        assert d.w.float().abs().mean() < 0.3          # zero-centred: the scale is 1 + w
+    y64, rstd64, h_ref = reference.forward_fp64(d.x, d.w, impls.EPS, d.r, weight_offset=row.weight_offset)
+    ys = {}
+    for impl in (impls.Trainnorm(True), impls.Trainnorm(False), impls.Eager(),
+                 impls.Compiled("default", backend="aot_eager")):
+        impl.begin_row(d)
+        y, rstd, h = impl.forward(d)
+        dx, dw = impl.backward(d, (y, rstd, h))
+        err, dtype = impls.dw_check(impl, d)
+        impl.end_row()
+        assert y.dtype == torch.bfloat16 and h.dtype == stream and dx.dtype == stream, impl.name
+        assert torch.equal(h, h_ref), impl.name
+        torch.testing.assert_close(rstd.double(), rstd64, rtol=1e-5, atol=0, msg=impl.name)
+        torch.testing.assert_close(y.double(), y64, rtol=8e-3, atol=1e-2, msg=impl.name)
+        dx64, dw64 = reference.backward_fp64(d.dy, h, d.w, rstd, d.dh, weight_offset=row.weight_offset)
+        tol = 1e-4 if stream == torch.float32 else 1e-2
+        torch.testing.assert_close(dx.double(), dx64, rtol=tol, atol=tol, msg=impl.name)
+        torch.testing.assert_close(dw.double(), dw64, rtol=1e-4, atol=1e-4, msg=impl.name)
+        assert dtype == "float32" and err < 0.05, (impl.name, err)
+        ys[impl.name] = y
+    # the compiled reference is the eager one; trainnorm within one bf16 rounding of it
+    assert torch.equal(ys["torch-compile"], ys["eager"])
+    torch.testing.assert_close(ys["trainnorm"].float(), ys["eager"].float(), rtol=8e-3, atol=8e-3)
+
+
+def test_stack_dw_check_takes_the_rows_stream():
+    d = impls.make_row_data(Row(64, 9, residual=True, r32=True), "cpu")
+    y, rstd, h = impls.ref_forward_residual(d.x, d.w, d.r)
+    # dw depends on the float32 stream (not on a weight offset)
+    ref32 = impls.reference_dw(d.dy, h, d.w, rstd, d.dh)
+    assert not torch.equal(ref32, impls.reference_dw(d.dy, h.bfloat16(), d.w, rstd, d.dh))
+    torch.testing.assert_close(ref32, impls.reference_dw(d.dy, h, d.w, rstd, d.dh, weight_offset=1.0),
+                               rtol=0, atol=0)
+
+    class RoundedStream(impls.Eager):
+        name = "rounded"
+
+        def saved(self, d, state):
+            return state[2].bfloat16(), state[1]
+
+    with pytest.raises(ValueError, match="float32"):
+        impls.dw_check(RoundedStream(), d)
+    assert impls.dw_check(impls.Eager(), d)[0] < 0.05
+
+
+class StubQuackStack(StubQuack):
+    """StubQuack with the keywords of QuACK versions that have a float32 residual stream
+    and weight_offset; records what the adapters pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def rmsnorm_fwd(self, x, w, residual=None, eps=1e-6, store_rstd=False, residual_dtype=None,
+                    weight_offset=0.0):
+        self.calls.append(("fwd", residual_dtype, weight_offset))
+        if residual is not None:
+            assert residual_dtype in (None, residual.dtype)
+            y, rstd, h = impls.ref_forward_residual(x, w, residual, weight_offset)
+        else:
+            (y, rstd), h = impls.ref_forward(x, w, weight_offset), x
+        return y, h, rstd
+
+    def bwd_partials(self, x, w, dout, rstd, dresidual_out=None, sm_count=0, weight_offset=0.0):
+        self.calls.append(("bwd", None, weight_offset))
+        dx, _ = impls.ref_backward(dout, x, w, rstd, dresidual_out, weight_offset)
+        terms = dout.float() * (x.float() * rstd.float()[:, None])
+        return dx, torch.stack([c.sum(0) for c in terms.chunk(sm_count, dim=0)])
+
+    def rmsnorm_bwd(self, x, w, dout, rstd, dresidual_out=None, has_residual=False, weight_offset=0.0):
+        dx, partials = self.bwd_partials(x, w, dout, rstd, dresidual_out, 3, weight_offset=weight_offset)
+        return dx, partials.sum(0).to(w.dtype), None, dx if has_residual else None
+
+
+class StubLigerOps:
+    """liger_kernel.ops.rms_norm's two functions (documented signatures), computed by the
+    reference; records the offsets they are given."""
+
+    def __init__(self):
+        self.offsets = []
+
+    def rms_norm_forward(self, X, W, eps, offset, casting_mode, row_mode):
+        self.offsets.append(offset)
+        y, rstd = impls.ref_forward(X, W, offset)
+        return y, X, rstd, 1024, 4, casting_mode
+
+    def rms_norm_backward(self, dY, X, W, RSTD, offset, casting_mode, BLOCK_SIZE, num_warps, in_place, row_mode,
+                          needs_dw=None):
+        self.offsets.append(offset)
+        dx, dw = impls.ref_backward(dY, X, W, RSTD, None, offset)
+        return dx, dw.to(W.dtype)
+
+
+class StubTE:
+    """transformer_engine.pytorch with an RMSNorm module (y = x_hat * (1 + gamma) when
+    zero_centered_gamma); records the keywords of each construction."""
+
+    def __init__(self):
+        self.kwargs = []
+        stub = self
+
+        class RMSNorm(torch.nn.Module):
+            def __init__(self, hidden, eps=1e-5, params_dtype=torch.float32, device=None, zero_centered_gamma=False):
+                super().__init__()
+                stub.kwargs.append({"zero_centered_gamma": zero_centered_gamma})
+                self.weight = torch.nn.Parameter(torch.zeros(hidden, dtype=params_dtype, device=device))
+                self.offset = 1.0 if zero_centered_gamma else 0.0
+
+            def forward(self, x):
+                xf = x.float()
+                y = xf * reference.rstd_fp32(xf, impls.EPS).unsqueeze(-1) * (self.weight.float() + self.offset)
+                return y.to(x.dtype)
+
+        self.RMSNorm = RMSNorm
+
+
+def test_stack_peers_run_the_feature_or_skip_with_a_reason():
+    rows = by_id()
+    f32, offset = rows["H4096 T16384 res r32"], rows["H4096 T16384 1+w"]
+    # no residual add: no float32 residual stream either
+    for impl in (impls.Liger(), impls.TransformerEngine()):
+        why = impl.skip_reason(f32)
+        assert why and "residual" in why and "float32" in why, impl.name
+        assert impl.skip_reason(offset) is None, impl.name
+    assert "zero_centered_gamma" in impls.TransformerEngine().skip_reason(Row(64, 4, weight_offset=0.5))
+    # a QuACK whose functions take no weight_offset leaves the (1 + w) rows out, with a reason
+    old, new = StubQuack(), StubQuackStack()
+    for cls in (impls.Quack, impls.QuackF32dw):
+        impl = cls()
+        impl.qr, impl.bwd_partials = old, old.bwd_partials
+        assert "weight_offset" in impl.skip_reason(offset) and impl.skip_reason(f32) is None, cls.name
+        impl.qr, impl.bwd_partials = new, new.bwd_partials
+        assert impl.skip_reason(offset) is None and impl.skip_reason(f32) is None, cls.name
+
+    # what the peers are given, and their dw on small rows of each kind (CPU stubs)
+    for row in (Row(64, 8, residual=True, r32=True), Row(64, 8, weight_offset=1.0)):
+        d = impls.make_row_data(row, "cpu")
+        for cls in (impls.Quack, impls.QuackF32dw):
+            new.calls.clear()
+            impl = cls()
+            impl.qr, impl.bwd_partials = new, new.bwd_partials
+            err, dtype = impls.dw_check(impl, d)
+            # quack casts dw to the bf16 weight's dtype; quack-f32dw sums its float32 partials
+            if cls is impls.QuackF32dw:
+                assert dtype == "float32" and err < 0.5, (row.id, err)
+            else:
+                assert dtype == "bfloat16", row.id
+            fwd = [c for c in new.calls if c[0] == "fwd"]
+            assert fwd == [("fwd", torch.float32 if row.r32 else None, row.weight_offset)], cls.name
+            assert [c[2] for c in new.calls if c[0] == "bwd"] == [row.weight_offset], cls.name
+            _, _, h = impl.forward(d)
+            dx, _ = impl.backward(d, impl.forward(d))
+            assert h.dtype == dx.dtype == d.stream_dtype, cls.name
+        if row.r32:
+            continue
+        # Liger and Transformer Engine return dw in the bf16 weight's dtype: held to bf16 rounding here
+        y_ref, rstd_ref = impls.ref_forward(d.x, d.w, 1.0)
+        dw_ref = impls.reference_dw(d.dy, d.x, d.w, rstd_ref).float()
+        liger = impls.Liger()
+        liger.ops = StubLigerOps()
+        liger.begin_row(d)
+        assert torch.equal(liger.forward(d)[0], y_ref) and liger.ops.offsets == [1.0]
+        dw, _, _ = liger.compute_dw(d)
+        assert liger.ops.offsets == [1.0] * 3 and dw.dtype == torch.bfloat16
+        torch.testing.assert_close(dw.float(), dw_ref, rtol=1e-2, atol=1e-2)
+        te = impls.TransformerEngine()
+        te.te = StubTE()
+        te.begin_row(d)
+        assert te.te.kwargs == [{"zero_centered_gamma": True}]
+        assert torch.equal(te.forward(d), y_ref)
+        dw, _, _ = te.compute_dw(d)
+        torch.testing.assert_close(dw.float(), dw_ref, rtol=1e-2, atol=1e-2)
+        te.begin_row(impls.make_row_data(Row(64, 8), "cpu"))
+        assert te.te.kwargs[-1] == {"zero_centered_gamma": False}
+
+
+def stack_result():
+    """The H4096 T16384 quartet, fwd and bwd: the float32 stream at 1.5x (fwd) and 1.6x (bwd) its pair's
+    time, (1 + w) at 1.0x and 1.1x; trainnorm-fast 0.8x of det throughout, one peer."""
+    rows = by_id()
+    times = {("H4096 T16384 res", "fwd"): 100.0, ("H4096 T16384 res r32", "fwd"): 150.0,
+             ("H4096 T16384 res", "bwd"): 200.0, ("H4096 T16384 res r32", "bwd"): 320.0,
+             ("H4096 T16384", "fwd"): 60.0, ("H4096 T16384 1+w", "fwd"): 60.0,
+             ("H4096 T16384", "bwd"): 100.0, ("H4096 T16384 1+w", "bwd"): 110.0}
+    ms = []
+    for (rid, op), us in times.items():
+        ms += [M("trainnorm", us, 0.2, "float32", op=op, row=rid), M("trainnorm-fast", 0.8 * us, 0.3, "float32",
+                                                                       op=op, row=rid),
+               M("torch-compile", 2 * us, 0.5, "float32", op=op, row=rid)]
+    used = [rows[i] for i in ("H4096 T16384", "H4096 T16384 res", "H4096 T16384 res r32", "H4096 T16384 1+w")]
+    return BenchResult({"gpu": "NVIDIA H100"}, {}, used, ["fwd", "bwd"],
+                       ["trainnorm", "trainnorm-fast", "torch-compile"], 4.0e12, ms)
+
+
+def test_stack_table_sets_each_feature_row_against_its_pair():
+    res = stack_result()
+    costs = {(e["row"], e["op"]): e for e in report.stack_costs(res)}
+    assert set(costs) == {(r, op) for r in ("H4096 T16384 res r32", "H4096 T16384 1+w") for op in ("fwd", "bwd")}
+    f32 = costs[("H4096 T16384 res r32", "fwd")]
+    assert f32["pair"] == "H4096 T16384 res" and f32["det_vs_pair"] == pytest.approx(1.5)
+    assert f32["fast_vs_pair"] == pytest.approx(1.5)
+    rows = by_id()
+    fb, pb = shapes.op_bytes(rows["H4096 T16384 res r32"], "fwd"), shapes.op_bytes(rows["H4096 T16384 res"], "fwd")
+    assert f32["bytes_vs_pair"] == pytest.approx(fb / pb)
+    assert f32["det_floor_pct"] == pytest.approx(100 * fb / 4e12 * 1e6 / 150.0)
+    assert f32["pair_det_floor_pct"] == pytest.approx(100 * pb / 4e12 * 1e6 / 100.0)
+    assert costs[("H4096 T16384 1+w", "bwd")]["det_vs_pair"] == pytest.approx(1.1)
+    assert costs[("H4096 T16384 1+w", "bwd")]["bytes_vs_pair"] == 1.0
+    md = report.render_markdown(res)
+    assert "## Training-stack features against their bf16 rows (trainnorm)" in md
+    pct = lambda b, us: f"{100 * b / 4e12 * 1e6 / us:.0f}%"   # noqa: E731
+    assert (f"| H4096 T16384 res r32 | fwd | H4096 T16384 res | {fb / pb:.2f}x | 150.00 ({pct(fb, 150.0)}) "
+            f"| 100.00 ({pct(pb, 100.0)}) | 1.50x | 120.00 ({pct(fb, 120.0)}) | 80.00 ({pct(pb, 80.0)}) "
+            f"| 1.50x |") in md
+    bb = shapes.op_bytes(rows["H4096 T16384"], "bwd")
+    assert (f"| H4096 T16384 1+w | bwd | H4096 T16384 | 1.00x | 110.00 ({pct(bb, 110.0)}) "
+            f"| 100.00 ({pct(bb, 100.0)}) | 1.10x |") in md
+    # the summary's training-stack group: the three stack rows (the plain pair is a seed row)
+    assert "| training stack | fwd | 3 | 0 | 2.00x |" in md and "| 78-shape list | fwd | 1 | 0 | 2.00x |" in md
+    data = json.loads(json.dumps(report.to_json(res), allow_nan=False))
+    assert {(e["row"], e["op"]) for e in data["stack"]} == set(costs)
+    back = report.from_json(data)
+    assert [r.id for r in back.rows] == [r.id for r in res.rows] and back.rows[2].r32
+    # a pair that was not timed: the feature row's numbers, dashes for the pair's
+    res.measurements = [m for m in res.measurements if m.row != "H4096 T16384 res"]
+    md = report.render_markdown(res)
+    assert f"| H4096 T16384 res r32 | fwd | H4096 T16384 res | {fb / pb:.2f}x | 150.00 ({pct(fb, 150.0)}) | — | — |" in md
+    # no stack rows, no stack section
+    assert "Training-stack" not in report.render_markdown(fake_result([("H4096 T1024", "bwd", 1.2)]))
+    assert report.stack_table(fake_result([("H4096 T1024", "bwd", 1.2)])) == []

@@ -6,8 +6,9 @@ torch.compile of an explicit FP32-statistics reference, QuACK (its public
 API, and its float32 dw partials summed in float32), Liger-Kernel,
 Transformer Engine and PyTorch eager, on 78 shapes plus 20 small-T and 7
 gated shapes; on request, widths and head counts the measured table does not
-hold, and a decoder block compiled whole with trainnorm's norms against
-torch.nn.RMSNorm.
+hold, a decoder block compiled whole with trainnorm's norms against
+torch.nn.RMSNorm, and training-stack features (a float32 residual stream,
+(1 + w) weights) each beside the bf16 row of its shape.
 
 - shapes: the rows, their ids and sets, and the bytes each op must move (the floor);
 - timing: CUDA-graph replays after an L2 flush, interleaved passes;

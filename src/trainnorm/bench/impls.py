@@ -17,7 +17,12 @@ callable that is timed:
 rstd the implementation produced, for the accuracy check: dw against the FP64
 evaluation of the formula at the implementation's own rstd
 (``reference.backward_fp64``), as ``err/tol`` with the per-element tolerance
-1e-4 + 1e-4 |ref|. A dw returned in BF16 is checked as returned.
+1e-4 + 1e-4 |ref|, on the row's h (x, or x + r rounded to the stream's dtype:
+float32 on "res r32" rows). A dw returned in BF16 is checked as returned.
+
+Rows of the stack set: on "res r32" rows r, dh and h are float32 (y, dy BF16),
+and every adapter that runs them keeps h and the stream's gradient dx in float32;
+on "1+w" rows y = x_hat * (1 + w), with the weight 0.1 N(0, 1) around zero.
 
 Peers are imported lazily; one that does not import is reported with a
 one-line reason and left out.
@@ -25,7 +30,7 @@ one-line reason and left out.
 from __future__ import annotations
 
 import importlib
-
+import inspect
 import types
 import zlib
 from dataclasses import dataclass
@@ -63,14 +68,28 @@ class RowData:
     x: torch.Tensor                 # [T, H], or [T, heads, 256] (a strided view for [T,24,256])
     w: torch.Tensor                 # [H], BF16 or FP32
     dy: torch.Tensor                # like x, contiguous
-    r: torch.Tensor | None = None   # residual
-    dh: torch.Tensor | None = None  # gradient reaching h (residual rows)
+    r: torch.Tensor | None = None   # residual (float32 on "res r32" rows)
+    dh: torch.Tensor | None = None  # gradient reaching h (residual rows; float32 on "res r32" rows)
     base: torch.Tensor | None = None  # storage behind the strided per-head view
     z: torch.Tensor | None = None   # gate (gated rows), like x
 
     @property
     def hidden(self) -> int:
         return self.x.shape[-1]
+
+    @property
+    def offset(self) -> float:
+        """The row's weight offset: y = x_hat * (offset + w)."""
+        return self.row.weight_offset
+
+    @property
+    def stream_dtype(self) -> torch.dtype:
+        """The dtype of h and of the backward's dx: the residual's, else x's."""
+        return self.x.dtype if self.r is None else self.r.dtype
+
+    def h(self) -> torch.Tensor:
+        """The row's h: x, or round(f32(x) + f32(r)) into the residual's dtype."""
+        return reference.residual_sum(self.x, self.r)
 
     def flat(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """[rows, H] view (every layout of the benchmark flattens without a copy)."""
@@ -85,7 +104,9 @@ def row_generator(row: Row, device, seed: int = 0) -> torch.Generator:
 
 
 def make_row_data(row: Row, device, seed: int = 0) -> RowData:
-    """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1); a seed per row id."""
+    """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1) (with a weight
+    offset, (1 - offset) + 0.1 N(0, 1): the same scale offset + w); a seed per row id.
+    r and dh are float32 on "res r32" rows."""
     if row.block:
         raise ValueError(f"row {row.id!r} is a block row: its data is bench.block.make_block_data's")
     gen = row_generator(row, device, seed)
@@ -101,10 +122,11 @@ def make_row_data(row: Row, device, seed: int = 0) -> RowData:
     else:
         x = randn(*row.shape)
     wdtype = torch.float32 if row.w32 else ACT_DTYPE
-    w = (1.0 + 0.1 * randn(row.hidden, dtype=torch.float32)).to(wdtype)
+    w = (1.0 - row.weight_offset + 0.1 * randn(row.hidden, dtype=torch.float32)).to(wdtype)
     dy = randn(*row.shape)
-    r = randn(*row.shape) if row.residual else None
-    dh = randn(*row.shape) if row.residual else None
+    sdtype = torch.float32 if row.r32 else ACT_DTYPE
+    r = randn(*row.shape, dtype=sdtype) if row.residual else None
+    dh = randn(*row.shape, dtype=sdtype) if row.residual else None
     z = randn(*row.shape) if row.gated else None
     return RowData(row, x, w, dy, r, dh, base, z)
 
@@ -112,16 +134,23 @@ def make_row_data(row: Row, device, seed: int = 0) -> RowData:
 # --- the explicit FP32-statistics reference (eager and torch.compile) -----------------------
 # The formulas are reference.py's; these bind the benchmark's eps and the forms it times
 # (gated rows: norm, then a silu gate). torch.compile compiles these functions, tracing
-# into reference.py.
+# into reference.py. A float32 residual r makes h float32 (reference.residual_sum), y stays
+# x's dtype and the backward's dx takes h's dtype. A weight offset is one op on [H]:
+# w.float() + offset, the scale the formulas then use (dw does not depend on it).
 
-def ref_forward(x, w):
-    """(y, rstd) of ``reference.forward_fp32``."""
-    return reference.forward_fp32(x, w, EPS)[:2]
+def _scale(w, offset):
+    """The weight the formulas multiply by: w, or f32(w) + offset (1 + w for offset 1)."""
+    return w if not offset else w.float() + offset
 
 
-def ref_forward_residual(x, w, r):
-    """(y, rstd, h) of ``reference.forward_fp32`` with the residual add."""
-    return reference.forward_fp32(x, w, EPS, r)
+def ref_forward(x, w, offset=0.0):
+    """(y, rstd) of ``reference.forward_fp32``, y = x_hat * (offset + w)."""
+    return reference.forward_fp32(x, _scale(w, offset), EPS)[:2]
+
+
+def ref_forward_residual(x, w, r, offset=0.0):
+    """(y, rstd, h) of ``reference.forward_fp32`` with the residual add (h in r's dtype)."""
+    return reference.forward_fp32(x, _scale(w, offset), EPS, r)
 
 
 def ref_forward_gated(x, w, z):
@@ -134,9 +163,9 @@ def ref_backward_gated(dy, x, w, z, rstd):
     return reference.backward_gated_fp32(dy, x, z, w, rstd)
 
 
-def ref_backward(dy, h, w, rstd, dh):
-    """(dx, dw) of ``reference.backward_fp32``; dw is FP32 [H]."""
-    return reference.backward_fp32(dy, h, w, rstd, dh)
+def ref_backward(dy, h, w, rstd, dh, offset=0.0):
+    """(dx, dw) of ``reference.backward_fp32``; dx has h's dtype, dw is FP32 [H]."""
+    return reference.backward_fp32(dy, h, _scale(w, offset), rstd, dh)
 
 
 def _fresh(fn):
@@ -151,9 +180,11 @@ def _fresh(fn):
 
 # --- accuracy ------------------------------------------------------------------------------
 
-def reference_dw(dy, h, w, rstd, dh=None, gate=None, chunk_elems: int = 1 << 25) -> torch.Tensor:
+def reference_dw(dy, h, w, rstd, dh=None, gate=None, chunk_elems: int = 1 << 25,
+                 weight_offset: float = 0.0) -> torch.Tensor:
     """FP64 dw of the formula at the given rstd (``reference.backward_fp64``), in row
-    chunks so that the FP64 temporaries of a 65536 x 6144 row stay small."""
+    chunks so that the FP64 temporaries of a 65536 x 6144 row stay small. h is the row's
+    (float32 on "res r32" rows); the weight offset is passed on (it leaves dw unchanged)."""
     hidden = h.shape[-1]
     dy2, h2 = dy.reshape(-1, hidden), h.reshape(-1, hidden)
     dh2 = dh.reshape(-1, hidden) if dh is not None else None
@@ -164,7 +195,7 @@ def reference_dw(dy, h, w, rstd, dh=None, gate=None, chunk_elems: int = 1 << 25)
     for i in range(0, h2.shape[0], step):
         sl = slice(i, i + step)
         out = reference.backward_fp64(dy2[sl], h2[sl], w, r2[sl], dh2[sl] if dh2 is not None else None,
-                                      z2[sl] if z2 is not None else None)
+                                      z2[sl] if z2 is not None else None, weight_offset=weight_offset)
         acc += out[1]
     return acc
 
@@ -174,10 +205,30 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dw_check(impl: "Impl", d: RowData) -> tuple[float, str]:
-    """(err/tol, dw dtype) of the implementation's dw on this row."""
+    """(err/tol, dw dtype) of the implementation's dw on this row.
+
+    The reference takes the row's h (``RowData.h``: float32 on "res r32" rows), not the
+    one the implementation returned; an h in another dtype than the row's stream is an
+    error (ValueError), since a dw from a rounded stream would be checked against itself."""
     dw, h, rstd = impl.compute_dw(d)
-    ref = reference_dw(d.dy, h, d.w, rstd.float(), d.dh, d.z)
+    if h.dtype != d.stream_dtype:
+        raise ValueError(f"{impl.name} returned h in {dtype_name(h.dtype)}; the row's stream is "
+                         f"{dtype_name(d.stream_dtype)}")
+    ref = reference_dw(d.dy, d.h(), d.w, rstd.float(), d.dh, d.z, weight_offset=d.offset)
     return reference.dw_err_over_tol(dw, ref), dtype_name(dw.dtype)
+
+
+def _accepts(fn, name: str) -> bool:
+    """Whether a peer's function (or torch.ops op) takes the keyword `name`; True when its
+    signature cannot be read (the call then says)."""
+    schema = getattr(getattr(fn, "default", None), "_schema", None)
+    if schema is not None:
+        return any(a.name == name for a in schema.arguments)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 # --- adapters ------------------------------------------------------------------------------
@@ -258,8 +309,9 @@ class Trainnorm(Impl):
         return trainnorm.__version__
 
     def begin_row(self, d):
+        # sized for h's dtype: float32 on "res r32" rows
         self.ws = trainnorm.backward_workspace(d.row.rows, d.hidden, deterministic=self.deterministic,
-                                               device=d.x.device, dtype=d.x.dtype, gated=d.z is not None)
+                                               device=d.x.device, dtype=d.stream_dtype, gated=d.z is not None)
 
     def end_row(self):
         self.ws = None
@@ -268,7 +320,7 @@ class Trainnorm(Impl):
         if d.z is not None:
             y, rstd = trainnorm.rms_norm_gated_forward(d.x, d.z, d.w, EPS)
             return y, rstd, d.x
-        return trainnorm.rms_norm_forward(d.x, d.w, EPS, residual=d.r)   # (y, rstd, h)
+        return trainnorm.rms_norm_forward(d.x, d.w, EPS, residual=d.r, weight_offset=d.offset)   # (y, rstd, h)
 
     def backward(self, d, state):
         _, rstd, h = state
@@ -276,15 +328,17 @@ class Trainnorm(Impl):
             dx, _, dw = trainnorm.rms_norm_gated_backward(d.dy, h, d.z, d.w, rstd, deterministic=self.deterministic,
                                                           workspace=self.ws)
             return dx, dw
-        return trainnorm.rms_norm_backward(d.dy, h, d.w, rstd, dh=d.dh,
-                                           deterministic=self.deterministic, workspace=self.ws)
+        return trainnorm.rms_norm_backward(d.dy, h, d.w, rstd, dh=d.dh, deterministic=self.deterministic,
+                                           workspace=self.ws, weight_offset=d.offset)
 
     def saved(self, d, state):
         return state[2], state[1]
 
 
 class Eager(Impl):
-    """The explicit FP32-statistics reference in PyTorch eager (one kernel per op)."""
+    """The explicit FP32-statistics reference in PyTorch eager (one kernel per op); on
+    "res r32" rows h = f32(x) + r stays float32 and so does dx, on "1+w" rows the
+    weight is f32(w) + 1."""
 
     name = "eager"
     description = "PyTorch eager, explicit FP32-statistics reference"
@@ -301,16 +355,16 @@ class Eager(Impl):
             y, rstd = fwd_gated(d.x, d.w, d.z)
             return y, rstd, d.x
         if d.r is None:
-            y, rstd = fwd(d.x, d.w)
+            y, rstd = fwd(d.x, d.w, d.offset)
             return y, rstd, d.x
-        return fwd_res(d.x, d.w, d.r)
+        return fwd_res(d.x, d.w, d.r, d.offset)
 
     def backward(self, d, state):
         _, rstd, h = state
         if d.z is not None:
             dx, dw, _ = self._fns()[4](d.dy, h, d.w, d.z, rstd)
             return dx, dw
-        return self._fns()[2](d.dy, h, d.w, rstd, d.dh)
+        return self._fns()[2](d.dy, h, d.w, rstd, d.dh, d.offset)
 
     def saved(self, d, state):
         return state[2], state[1]
@@ -318,11 +372,15 @@ class Eager(Impl):
 
 class Compiled(Eager):
     """torch.compile of the explicit reference, forward and backward compiled
-    separately (static shapes, fullgraph), so the timed backward holds no forward."""
+    separately (static shapes, fullgraph), so the timed backward holds no forward.
+    The weight offset is a Python float argument: with dynamic=False it is a
+    constant of the graph. ``backend`` is torch.compile's (Inductor; the tests
+    use "aot_eager" on the CPU, where the mode does not apply)."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, backend: str = "inductor"):
         super().__init__()
         self.mode = mode
+        self.backend = backend
         self.name = "torch-compile" if mode == "default" else "torch-compile-maxat"
         self.description = f"torch.compile(mode={mode!r}, dynamic=False) of the explicit reference"
         self._compiled = None
@@ -330,11 +388,12 @@ class Compiled(Eager):
     def begin_row(self, d):
         import torch._inductor.config as inductor_config
         # round to BF16 where the eager reference rounds (h before y), as eager does
-        if hasattr(inductor_config, "emulate_precision_casts"):
+        if self.backend == "inductor" and hasattr(inductor_config, "emulate_precision_casts"):
             inductor_config.emulate_precision_casts = True
+        how = {"mode": self.mode} if self.backend == "inductor" else {"backend": self.backend}
 
         def comp(fn):
-            return torch.compile(_fresh(fn), mode=self.mode, dynamic=False, fullgraph=True)
+            return torch.compile(_fresh(fn), dynamic=False, fullgraph=True, **how)
 
         self._compiled = tuple(comp(f) for f in Eager._fns(self))
 
@@ -357,7 +416,13 @@ class Quack(Impl):
     their row stride of 512 and are read in place, as QuACK's own rmsnorm()
     does). dw comes back in the weight's dtype (its FP32 partials summed and
     cast), so BF16-weight rows carry a BF16 dw. The residual is fused (h
-    returned as residual_out; the backward adds dh via dresidual_out)."""
+    returned as residual_out; the backward adds dh via dresidual_out). On
+    "res r32" rows the residual is float32 and residual_dtype=torch.float32: h
+    comes back float32, and the backward on it writes dx in float32 (its dx is
+    empty_like(x), dresidual_out having x's dtype), as the stream's gradient.
+    On "1+w" rows weight_offset=1.0 goes to both functions; a QuACK whose
+    functions take no weight_offset skips those rows. The keywords are passed
+    only on the rows that need them."""
 
     name = "quack"
     description = "QuACK rmsnorm_fwd / rmsnorm_bwd, heuristic config"
@@ -385,17 +450,38 @@ class Quack(Impl):
             return None
 
     def skip_reason(self, row):
-        return "no gated norm" if row.gated else None
+        if row.gated:
+            return "no gated norm"
+        if row.weight_offset and self.qr is not None:
+            lacking = [getattr(f, "__name__", str(f)) for f in self._offset_fns() if not _accepts(f, "weight_offset")]
+            if lacking:
+                return f"this QuACK's {', '.join(lacking)} take no weight_offset"
+        return None
+
+    def _offset_fns(self):
+        """The functions that get weight_offset on "1+w" rows."""
+        return self.qr.rmsnorm_fwd, self.qr.rmsnorm_bwd
+
+    @staticmethod
+    def _fwd_kw(d) -> dict:
+        kw = {"residual_dtype": torch.float32} if d.row.r32 else {}
+        if d.offset:
+            kw["weight_offset"] = d.offset
+        return kw
+
+    @staticmethod
+    def _offset_kw(d) -> dict:
+        return {"weight_offset": d.offset} if d.offset else {}
 
     def forward(self, d):
         out, res_out, rstd = self.qr.rmsnorm_fwd(d.flat(d.x), d.w, residual=d.flat(d.r), eps=EPS,
-                                                 store_rstd=True)
+                                                 store_rstd=True, **self._fwd_kw(d))
         return out, rstd, res_out      # res_out is x itself without a residual
 
     def backward(self, d, state):
         _, rstd, h = state
         dx, dw, _, _ = self.qr.rmsnorm_bwd(h, d.w, d.flat(d.dy), rstd, dresidual_out=d.flat(d.dh),
-                                           has_residual=d.r is not None)
+                                           has_residual=d.r is not None, **self._offset_kw(d))
         return dx, dw
 
     def saved(self, d, state):
@@ -413,10 +499,12 @@ class QuackF32dw(Quack):
     ``torch.ops.quack.rmsnorm_bwd_f(x, weight, dout, rstd, dresidual_out, sm_count)
     -> (dx, dw_partial)`` (registered by quack.rmsnorm, QuACK >= 0.6.2), with
     ``quack.rmsnorm.get_sm_count(H, device)`` partials as rmsnorm_bwd takes, and
-    sums dw_partial [sm_count, H] in float32 (dh has x's dtype on the bench's
-    residual rows: the kernel adds it into dx). The forward is Quack's: the fwd
-    op is left to that adapter, and FP32-weight rows too, where QuACK's own dw
-    is already the float32 sum."""
+    sums dw_partial [sm_count, H] in float32 (dh has h's dtype on the bench's
+    residual rows, float32 on "res r32" ones: the kernel adds it into dx). On
+    "1+w" rows the op gets weight_offset= (QuACK versions whose op has that
+    argument; others skip those rows). The forward is Quack's: the fwd op is
+    left to that adapter, and FP32-weight rows too, where QuACK's own dw is
+    already the float32 sum."""
 
     name = "quack-f32dw"
     description = "QuACK rmsnorm_fwd / torch.ops.quack.rmsnorm_bwd_f, dw partials summed in float32"
@@ -443,10 +531,14 @@ class QuackF32dw(Quack):
     def op_skip_reason(self, op):
         return "its forward is quack's" if op == "fwd" else None
 
+    def _offset_fns(self):
+        return self.qr.rmsnorm_fwd, self.bwd_partials
+
     def backward(self, d, state):
         _, rstd, h = state
         sm_count = self.qr.get_sm_count(h.shape[-1], h.device)
-        dx, dw_partial = self.bwd_partials(h, d.w, d.flat(d.dy), rstd, d.flat(d.dh), sm_count)
+        dx, dw_partial = self.bwd_partials(h, d.w, d.flat(d.dy), rstd, d.flat(d.dh), sm_count,
+                                           **self._offset_kw(d))
         return dx, dw_partial.sum(dim=0, dtype=torch.float32)
 
 
@@ -457,13 +549,17 @@ class QuackAutotune(Quack):
     name = "quack-autotune"
     description = "QuACK rmsnorm_fwd_tuned / rmsnorm_bwd_tuned, exhaustive autotune"
 
+    def _offset_fns(self):
+        return self.qr.rmsnorm_fwd_tuned, self.qr.rmsnorm_bwd_tuned
+
     def forward(self, d):
         x, r = d.flat(d.x), d.flat(d.r)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rstd = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if r is not None else None
+        # h in the residual's dtype: float32 on "res r32" rows
+        res_out = torch.empty(x.shape, dtype=r.dtype, device=x.device) if r is not None else None
         self.qr.rmsnorm_fwd_tuned(x, d.w, out, None, rstd, None, r, res_out,
-                                  eps=EPS, is_layernorm=False, per_head=False)
+                                  eps=EPS, is_layernorm=False, per_head=False, **self._offset_kw(d))
         return out, rstd, (res_out if r is not None else x)
 
     def backward(self, d, state):
@@ -474,12 +570,13 @@ class QuackAutotune(Quack):
         dw_partial = torch.empty((sm, n), dtype=torch.float32, device=h.device)
         self.qr.rmsnorm_bwd_tuned(h, d.w, d.flat(d.dy), rstd, dx, dw_partial, None, d.flat(d.dh), None, sm,
                                   per_head=False, has_dw_partial=True, has_db_partial=False,
-                                  is_layernorm=False)
+                                  is_layernorm=False, **self._offset_kw(d))
         return dx, dw_partial.sum(dim=0).to(d.w.dtype)
 
 
 class Liger(Impl):
-    """Liger-Kernel's RMSNorm in casting mode "gemma" (everything in FP32), offset 0.
+    """Liger-Kernel's RMSNorm in casting mode "gemma" (everything in FP32), offset 0, or
+    the row's weight offset (1.0 on the "1+w" rows: LigerRMSNormFunction's ``offset``).
 
     ``liger_kernel.ops.rms_norm.rms_norm_forward(X, W, eps, offset, casting_mode,
     row_mode) -> (Y, X, RSTD, BLOCK_SIZE, num_warps, casting_mode)`` and
@@ -490,7 +587,7 @@ class Liger(Impl):
     As that Function does, inputs are made contiguous first (a copy, timed, on
     the strided per-head rows) and the backward writes dx into dy
     (in_place=True, its default): the adapter keeps its own dy buffer.
-    dW comes back in the weight's dtype. No residual."""
+    dW comes back in the weight's dtype. No residual, so no float32 residual stream."""
 
     name = "liger"
     description = 'Liger-Kernel rms_norm_forward / rms_norm_backward, casting_mode="gemma"'
@@ -514,7 +611,7 @@ class Liger(Impl):
 
     def skip_reason(self, row):
         if row.residual:
-            return "no fused residual add"
+            return "no fused residual add" + (" (so no float32 residual stream)" if row.r32 else "")
         if row.gated:
             return "no gated norm"
         return None
@@ -531,11 +628,12 @@ class Liger(Impl):
         self.dy = None
 
     def forward(self, d):
-        return self.ops.rms_norm_forward(d.x.contiguous(), d.w, EPS, 0.0, "gemma", None)
+        return self.ops.rms_norm_forward(d.x.contiguous(), d.w, EPS, d.offset, "gemma", None)
 
     def _backward(self, d, state, dy):
         _, x, rstd, block, warps, mode = state
-        return self.ops.rms_norm_backward(dy, x, d.w, rstd, 0.0, mode, block, warps, True, None, needs_dw=True)
+        return self.ops.rms_norm_backward(dy, x, d.w, rstd, d.offset, mode, block, warps, True, None,
+                                          needs_dw=True)
 
     def backward(self, d, state):
         return self._backward(d, state, self.dy)
@@ -554,7 +652,10 @@ class TransformerEngine(Impl):
     """Transformer Engine's ``transformer_engine.pytorch.RMSNorm`` module, through
     autograd: fwd is the module call, bwd is ``torch.autograd.grad`` of a kept
     output (the only public entry). Its rstd is internal, so dw is checked
-    against FP64 at the FP32 rstd of the eager formula. No residual."""
+    against FP64 at the FP32 rstd of the eager formula. No residual (so no
+    float32 residual stream). On "1+w" rows the module is built with
+    ``zero_centered_gamma=True`` (y = x_hat * (1 + gamma)); other offsets are
+    skipped."""
 
     name = "transformer-engine"
     description = "transformer_engine.pytorch.RMSNorm (autograd)"
@@ -583,13 +684,16 @@ class TransformerEngine(Impl):
 
     def skip_reason(self, row):
         if row.residual:
-            return "no fused residual add"
+            return "no fused residual add" + (" (so no float32 residual stream)" if row.r32 else "")
         if row.gated:
             return "no gated norm"
+        if row.weight_offset not in (0.0, 1.0):
+            return "zero_centered_gamma is a weight offset of 1 only"
         return None
 
     def begin_row(self, d):
-        self.mod = self.te.RMSNorm(d.hidden, eps=EPS, params_dtype=d.w.dtype, device=d.x.device)
+        kw = {"zero_centered_gamma": True} if d.offset == 1.0 else {}
+        self.mod = self.te.RMSNorm(d.hidden, eps=EPS, params_dtype=d.w.dtype, device=d.x.device, **kw)
         with torch.no_grad():
             self.mod.weight.copy_(d.w)
         self.x = d.x.detach().requires_grad_(True)

@@ -17,6 +17,12 @@ no dw condition; the eager blocks are reported beside them.
 Ratios are peer latency / trainnorm latency: above 1 trainnorm is faster.
 The summary is given once with every peer and once without each peer of
 WITHOUT_PEERS, to show what that peer changes.
+
+The stack set's feature rows (a float32 residual stream, (1 + w) weights) are
+also set against their BF16 pair rows (``Row.pair_id``), trainnorm against
+trainnorm: the time ratio feature / pair beside the ratio of the bytes the two
+rows must move, and both rows' % of the copy floor. A feature costs nothing
+beyond its extra bytes when its % floor is the pair's (time ratio = bytes ratio).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ BLOCK_PEERS = ("torch-compile",)        # the block rows' peer: the same block w
 BLOCK_EAGER_PEER = "eager"
 WITHOUT_PEERS = ("quack-f32dw",)        # peers the summary is also given without
 GROUPS = (("seed", "78-shape list"), ("small_t", "small T"), ("gated", "gated"),
-          ("beyond", "beyond the table"), ("block", "decoder block, compiled"))
+          ("beyond", "beyond the table"), ("block", "decoder block, compiled"), ("stack", "training stack"))
 
 
 @dataclass
@@ -315,6 +321,65 @@ def block_table(result: BenchResult) -> list[str]:
     return lines
 
 
+def _pct(m: Measurement | None, floor: float | None) -> float | None:
+    if m is None or not m.timed or floor is None or m.median_us <= 0:
+        return None
+    return 100 * floor / m.median_us
+
+
+def stack_costs(result: BenchResult) -> list[dict]:
+    """Per feature row of the stack set and op: trainnorm's latency (det and fast) on the
+    row and on its BF16 pair, the ratios feature / pair of time and of bytes, and each
+    row's % of the copy floor (None where a side was not timed or has no floor)."""
+    cells = index(result.measurements)
+    out = []
+    for row in result.rows:
+        pair = row.pair
+        if pair is None:
+            continue
+        for op in result.ops:
+            c = row_cells(cells, row, op)
+            if c is None:
+                continue
+            pc = cells.get((pair.id, op), {})
+            floor, pfloor = result.floor_us(row, op), result.floor_us(pair, op)
+            entry = {"row": row.id, "op": op, "pair": pair.id,
+                     "bytes_vs_pair": shapes.op_bytes(row, op) / shapes.op_bytes(pair, op),
+                     "floor_us": floor, "pair_floor_us": pfloor}
+            for key, name in (("det", TRAINNORM_DET), ("fast", TRAINNORM_FAST)):
+                m, pm = c.get(name), pc.get(name)
+                entry[f"{key}_us"] = m.median_us if m is not None and m.timed else None
+                entry[f"pair_{key}_us"] = pm.median_us if pm is not None and pm.timed else None
+                entry[f"{key}_vs_pair"] = _ratio(m, pm)         # feature / pair: > 1 costs time
+                entry[f"{key}_floor_pct"] = _pct(m, floor)
+                entry[f"pair_{key}_floor_pct"] = _pct(pm, pfloor)
+            out.append(entry)
+    return out
+
+
+def stack_table(result: BenchResult) -> list[str]:
+    """The stack set's feature rows against their BF16 pairs (stack_costs), as markdown."""
+    costs = stack_costs(result)
+    if not costs:
+        return []
+
+    def lat(us, pct):
+        if us is None:
+            return "—"
+        return f"{us:.2f}" + (f" ({pct:.0f}%)" if pct is not None else "")
+
+    lines = ["| row | op | bf16 pair | bytes vs pair | trainnorm us (% floor) | pair us (% floor) "
+             "| time vs pair | trainnorm fast us (% floor) | pair fast us (% floor) | fast time vs pair |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for e in costs:
+        lines.append(
+            f"| {e['row']} | {e['op']} | {e['pair']} | {_x(e['bytes_vs_pair'])} "
+            f"| {lat(e['det_us'], e['det_floor_pct'])} | {lat(e['pair_det_us'], e['pair_det_floor_pct'])} "
+            f"| {_x(e['det_vs_pair'])} | {lat(e['fast_us'], e['fast_floor_pct'])} "
+            f"| {lat(e['pair_fast_us'], e['pair_fast_floor_pct'])} | {_x(e['fast_vs_pair'])} |")
+    return lines
+
+
 def all_impls_table(result: BenchResult) -> list[str]:
     cells = index(result.measurements)
     impls = result.impls
@@ -416,6 +481,15 @@ def render_markdown(result: BenchResult) -> str:
         if result.config.get("block"):
             out += [result.config["block"], ""]
         out += blocks + [""]
+    stack = stack_table(result)
+    if stack:
+        out += ["## Training-stack features against their bf16 rows (trainnorm)", "",
+                "A float32 residual stream (`res r32`: r, h, dh and dx in float32, y and dy bf16) against "
+                "the bf16 residual row of its shape, and (1 + w) weights (`1+w`) against the plain row. "
+                "`time vs pair` = feature row latency / pair latency (> 1: the feature costs time); "
+                "`bytes vs pair` = the ratio of the bytes the two rows must move. A feature that costs "
+                "nothing beyond its extra bytes keeps the pair's % floor (time vs pair = bytes vs pair).",
+                ""] + stack + [""]
     n = notes(result, comparisons)
     if n:
         out += ["## Notes", ""] + n + [""]
@@ -469,6 +543,7 @@ def to_json(result: BenchResult) -> dict:
         } for c in comparisons],
         "summary": summarize(comparisons),
         "summary_without": {p: summarize(compare(result, without=(p,))) for p in without_peers(result)},
+        "stack": stack_costs(result),
     })
 
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(f"{len(rows)} rows x {len(ops)} ops ({', '.join(ops)}); implementations: {', '.join(names)}")
         marks = {"small_t": "  (small T)", "gated": "  (gated)", "beyond": "  (beyond the table)",
-                 "block": "  (decoder block)"}
+                 "block": "  (decoder block)", "stack": "  (training stack)"}
         for r in rows:
             print(f"  {r.id}{marks.get(r.group, '')}")
         return 0
@@ -457,7 +457,8 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
             "rows": shapes.describe(rows),
             "ops": ",".join(ops),
             "passes x samples": f"{args.passes} x {samples} per implementation",
-            "inputs": f"bfloat16 activations, weight bfloat16 (float32 on w32 rows), eps {EPS:g}",
+            "inputs": f"bfloat16 activations, weight bfloat16 (float32 on w32 rows), eps {EPS:g}; "
+                      "on res r32 rows r, h, dh and dx float32; on 1+w rows y = x_hat * (1 + w)",
             "L2 flush": f"{timing.FLUSH_BYTES >> 20} MB written before every sample",
             "dw budget": f"err/tol <= {DW_BUDGET:g} and float32 dw for a matched bwd/step peer",
             "torch.compile": "dynamic=False, fullgraph=True, emulate_precision_casts=True",

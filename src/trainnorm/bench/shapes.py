@@ -15,8 +15,8 @@ Gated rows (7, outside the 78): the SiLU-gated norm y = rmsnorm(x) * w * silu(z)
 H 4096 at T 1024, 4096, 16384, 65536 and the per-head [T, 32, 128] at T 1024,
 4096, 16384 (contiguous), against the peers that have a gated norm.
 
-These 105 rows are the default set. Two more sets are timed on request
-(``trainnorm bench --set beyond`` / ``--set block``, ``ROW_SETS``):
+These 105 rows are the default set. Three more sets are timed on request
+(``trainnorm bench --set beyond`` / ``--set block`` / ``--set stack``, ``ROW_SETS``):
 
 - "beyond" (42 rows): hidden sizes of public models that the measured table
   (configs/sm_90.json) holds no entry for, and per-head views with other head
@@ -27,7 +27,14 @@ These 105 rows are the default set. Two more sets are timed on request
   T 4096 and 16384. Its ops time the block: fwd (the training forward, which
   saves what the backward needs) and step = fwd + bwd (no recompute); bwd
   alone is not timed (compiled, the backward runs once per forward). No copy
-  floor.
+  floor;
+- "stack" (20 rows): two features of training stacks, each row beside the plain
+  BF16 row of its shape (its "pair"), so the report shows what the feature
+  costs: a float32 residual stream under BF16 activations ("res r32": r, h = f32(x)
+  + r, dh and the stream's gradient dx in float32, y and dy BF16), paired with the
+  BF16 residual row; and zero-centred weights y = x_hat * (1 + w) ("1+w"), paired
+  with the plain row. H 4096 at T 4096, 16384, 65536 and H 2048, 5120 at T 16384;
+  the plain pairs are the seed rows of those shapes.
 
 Ops: ``fwd``; ``bwd``; ``step`` = fwd + fwd + bwd in one graph (activation
 checkpointing recomputes the forward before the backward).
@@ -38,8 +45,9 @@ without skipping a read or a write.
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 OPS = ("fwd", "bwd", "step")
@@ -57,6 +65,7 @@ STRIDED_ROW = 12288
 CONTIGUOUS_HEADS = 4   # [T, 4, 256] contiguous
 
 ACT_BYTES = 2          # BF16 activations: x, r, y, h, dy, dh, dx
+STREAM32_BYTES = 4     # the float32 residual stream of "res r32" rows: r, h, dh, dx
 RSTD_BYTES = 4
 DW_BYTES = 4
 
@@ -93,10 +102,31 @@ class Row:
     gated: bool = False     # the SiLU-gated norm (gate z like x), not one of the 78
     beyond: bool = False    # a width or head count the measured table does not hold
     block: bool = False     # the decoder block of width `hidden` (bench/block.py), not a norm alone
+    r32: bool = False       # the residual stream (r, h, dh, dx) in float32 under BF16 x, y, dy
+    weight_offset: float = 0.0  # y = x_hat * (weight_offset + w); 1.0: zero-centred (1 + w) weights
+    stack: bool = False     # a row of the stack set outside the 78 (a feature row or a BF16 pair)
+
+    def __post_init__(self):
+        if self.r32 and not self.residual:
+            raise ValueError("r32 (a float32 residual stream) needs residual=True")
+        if not math.isfinite(self.weight_offset):
+            raise ValueError(f"weight_offset must be a finite number, got {self.weight_offset}")
 
     @property
     def per_head(self) -> bool:
         return self.heads > 1
+
+    @property
+    def stack_feature(self) -> bool:
+        """Whether the row times a training-stack feature (float32 stream, weight offset)."""
+        return self.r32 or self.weight_offset != 0.0
+
+    @property
+    def _feature_parts(self) -> list[str]:
+        parts = ["r32"] if self.r32 else []
+        if self.weight_offset != 0.0:
+            parts.append(f"{self.weight_offset:g}+w")
+        return parts
 
     @property
     def series(self) -> str:
@@ -112,11 +142,12 @@ class Row:
             name += " w32"
         if self.gated:
             name += " gate"
-        return name
+        return " ".join([name] + self._feature_parts)
 
     @property
     def id(self) -> str:
-        """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024', 'block T4096'."""
+        """Stable id: 'H4096 T1024', 'H6144 T1024 res w32', '[T,24,256] T1024', 'block T4096',
+        'H4096 T16384 res r32' (float32 residual stream), 'H4096 T16384 1+w' (weight offset 1)."""
         if self.per_head or self.block:
             return f"{self.series} T{self.tokens}"
         parts = [f"H{self.hidden}", f"T{self.tokens}"]
@@ -126,7 +157,24 @@ class Row:
             parts.append("w32")
         if self.gated:
             parts.append("gate")
-        return " ".join(parts)
+        return " ".join(parts + self._feature_parts)
+
+    @property
+    def pair(self) -> "Row | None":
+        """The BF16 row of the same shape without the stack feature (None for rows without
+        one); its id, op_bytes and floor are those of the stack set's pair row."""
+        return replace(self, r32=False, weight_offset=0.0) if self.stack_feature else None
+
+    @property
+    def pair_id(self) -> str | None:
+        """The pair's id: 'H4096 T16384 res' for 'H4096 T16384 res r32', 'H4096 T16384'
+        for 'H4096 T16384 1+w' (None for rows without a stack feature)."""
+        return None if self.pair is None else self.pair.id
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes per element of the residual stream h (and r, dh, dx): x's without a residual."""
+        return STREAM32_BYTES if self.r32 else ACT_BYTES
 
     @property
     def rows(self) -> int:
@@ -148,7 +196,9 @@ class Row:
 
     @property
     def group(self) -> str:
-        """The summary group: 'seed' (the 78), 'small_t', 'gated', 'beyond' or 'block'."""
+        """The summary group: 'seed' (the 78), 'small_t', 'gated', 'beyond', 'block' or 'stack'."""
+        if self.stack or self.stack_feature:
+            return "stack"
         for name in ("block", "beyond", "gated", "small_t"):
             if getattr(self, name):
                 return name
@@ -245,6 +295,24 @@ def block_rows() -> list[Row]:
     return _series_rows(BLOCK_H, BLOCK_T, block=True)
 
 
+# The stack set: a float32 residual stream and (1 + w) weights at H 4096 across T, and
+# H 2048 and 5120 at T 16384; each feature row beside its BF16 pair (STACK_SHAPES x 4).
+STACK_SHAPES = ((4096, 4096), (4096, 16384), (4096, 65536), (2048, 16384), (5120, 16384))
+STACK_OFFSET = 1.0      # zero-centred weights: y = x_hat * (1 + w)
+QUICK_STACK_IDS = ("H4096 T16384 res r32", "H4096 T16384 res", "H4096 T16384 1+w", "H4096 T16384")
+
+
+def stack_rows() -> list[Row]:
+    """Per shape of STACK_SHAPES: the BF16 residual row and the float32-stream row, the plain
+    row (the seed row of that shape, timed in both sets) and the (1 + w) row (20 rows);
+    in the report each pair's series are adjacent, the BF16 one first."""
+    rows: list[Row] = []
+    for h, t in STACK_SHAPES:
+        rows += [Row(h, t, residual=True, stack=True), Row(h, t, residual=True, r32=True, stack=True),
+                 Row(h, t), Row(h, t, weight_offset=STACK_OFFSET, stack=True)]
+    return rows
+
+
 def _default_set() -> list[Row]:
     return seed_rows() + small_t_rows() + gated_rows()
 
@@ -270,6 +338,8 @@ ROW_SETS = {s.name: s for s in (
     RowSet("default", "the 78 shapes, 20 small-T and 7 gated rows", _default_set, QUICK_IDS),
     RowSet("beyond", "widths and head counts the measured table does not hold", beyond_rows, QUICK_BEYOND_IDS),
     RowSet("block", "a Qwen3-style decoder block compiled whole", block_rows, QUICK_BLOCK_IDS),
+    RowSet("stack", "a float32 residual stream and (1 + w) weights, each beside its bf16 row",
+           stack_rows, QUICK_STACK_IDS),
 )}
 ALL_SETS = "all"
 
@@ -285,8 +355,10 @@ def series_order() -> list[str]:
 
 
 def _ordered(rows: list[Row]) -> list[Row]:
+    """The rows once each (a row may be in several sets), series by series, T ascending."""
     order = {f: i for i, f in enumerate(series_order())}
-    return sorted(rows, key=lambda r: (order[r.series], r.tokens))
+    unique = {r.id: r for r in rows}
+    return sorted(unique.values(), key=lambda r: (order[r.series], r.tokens))
 
 
 def default_rows() -> list[Row]:
@@ -296,7 +368,7 @@ def default_rows() -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    """Every row of every set, in the report's order (for looking rows up by id)."""
+    """Every row of every set once, in the report's order (for looking rows up by id)."""
     return _ordered([r for s in ROW_SETS.values() for r in s.make()])
 
 
@@ -313,7 +385,7 @@ def parse_sets(text: str) -> list[str]:
 
 
 def set_rows(names: list[str], quick: bool = False) -> list[Row]:
-    """The rows of the named sets (their --quick subsets with quick), in the report's order."""
+    """The rows of the named sets (their --quick subsets with quick) once each, in the report's order."""
     rows = [r for n in names for r in (ROW_SETS[n].quick() if quick else ROW_SETS[n].rows())]
     return _ordered(rows)
 
@@ -350,6 +422,9 @@ def op_bytes(row: Row, op: str) -> int:
     bwd:  h read, dy read, dx written (+ dh read; + gate read, its gradient written), weight
           read, rstd read, dw written.
     step: 2 x fwd + bwd.
+    x, y, dy and the gate are BF16 (2 B); the residual stream r, h, dh and dx is too, or
+    float32 (4 B) on "res r32" rows, where the explicit backward writes dx (the stream's
+    gradient, x's too) once, in float32. A weight offset moves no more bytes.
     The block rows have no such count (ValueError).
     """
     if not row.has_floor:
@@ -357,12 +432,13 @@ def op_bytes(row: Row, op: str) -> int:
     n = row.rows * row.hidden
     weight = row.hidden * row.weight_bytes
     rstd = row.rows * RSTD_BYTES
+    act, stream = ACT_BYTES, row.stream_bytes
     if op == "fwd":
-        streams = (4 if row.residual else 2) + row.gated
-        return n * streams * ACT_BYTES + weight + rstd
+        per_elem = 2 * act + (2 * stream if row.residual else 0) + act * row.gated     # x, y; r, h; z
+        return n * per_elem + weight + rstd
     if op == "bwd":
-        streams = (4 if row.residual else 3) + 2 * row.gated
-        return n * streams * ACT_BYTES + weight + rstd + row.hidden * DW_BYTES
+        per_elem = act + 2 * stream + (stream if row.residual else 0) + 2 * act * row.gated  # dy; h, dx; dh; z, dz
+        return n * per_elem + weight + rstd + row.hidden * DW_BYTES
     if op == "step":
         return 2 * op_bytes(row, "fwd") + op_bytes(row, "bwd")
     raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
@@ -376,7 +452,8 @@ def floor_us(row: Row, op: str, copy_bytes_per_s: float) -> float:
 def describe(rows: list[Row]) -> str:
     """The header's count of rows: "N (S seed, K small-T)", then the other sets' counts where present."""
     text = f"{len(rows)} ({sum(r.seed for r in rows)} seed, {sum(r.small_t for r in rows)} small-T"
-    for label, n in (("beyond the table", sum(r.beyond for r in rows)), ("block", sum(r.block for r in rows))):
+    for label, n in (("beyond the table", sum(r.beyond for r in rows)), ("block", sum(r.block for r in rows)),
+                     ("training stack", sum(r.group == "stack" for r in rows))):
         if n:
             text += f", {n} {label}"
     return text + ")"
