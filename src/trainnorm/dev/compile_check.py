@@ -368,7 +368,7 @@ def collect(args, target) -> Launches:
     launches = Launches(target)
     quick = args.quick
     with recording(launches):
-        if args.only is None:
+        if args.only in (None, "plans"):
             if quick:
                 exercise_quick()
             else:
@@ -391,9 +391,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few forms of each kernel")
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: one per CPU)")
-    p.add_argument("--only", choices=("slices", "fwd-tma", "fwd-tiles", "pieces"), default=None,
-                   help="only the tuner's column-slice tiles, forward descriptor depths, two-pass tiles or "
-                        "two-piece rows")
+    p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces"), default=None,
+                   help="only the forms the plans launch (what users run), or only the tuner's column-slice "
+                        "tiles, forward descriptor depths, two-pass tiles or two-piece rows")
     return p.parse_args(argv)
 
 
