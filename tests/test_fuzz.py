@@ -1,8 +1,9 @@
 """Property-based fuzzing against reference.py (hypothesis, a fixed budget of examples).
 
 Shapes, layouts (views into larger buffers, transposed leading dims), dtypes,
-weight dtype or no weight, residual, gate in both orders, eps, mode and row
-count are drawn at random; every output must match the FP64 reference within
+weight dtype or no weight, a (1 + w) weight, residual (a float32 stream under
+16-bit x), gate in both orders, y's dtype, eps, mode and row count are drawn
+at random; every output must match the FP64 reference within
 the contract's tolerances, repeat bit for bit, and y / rstd / dx must be the
 same bits in both modes. On a CPU the kernels run in Triton's interpreter, so
 the sizes stay small; the GPU soak runs the same property at large sizes.
@@ -51,6 +52,9 @@ def problems(draw):
         layouts=[draw(st.integers(0, 3)) for _ in range(4)],
         scale=draw(st.sampled_from([1.0, 30.0, 1e-3])),
         seed=draw(st.integers(0, 2**31 - 1)),
+        stream32=draw(st.booleans()),          # with a residual under 16-bit x: a float32 stream
+        offset=draw(st.sampled_from([0.0, 0.0, 1.0])),
+        out=draw(st.sampled_from([None, None, *DTYPES])),
     )
 
 
@@ -61,32 +65,38 @@ def test_fuzz_against_reference(p):
     gen = torch.Generator().manual_seed(p["seed"])
     shape = p["lead"] + (p["hidden"],)
     dtype = p["dtype"]
-    rnd = lambda scale=1.0: (torch.randn(shape, generator=gen) * scale).to(dtype)
-    x = _layout(rnd(p["scale"]), p["layouts"][0], gen)
-    dy = _layout(rnd(), p["layouts"][1], gen)
-    other = _layout(rnd(), p["layouts"][2], gen)
-    weight = None
-    if p["weight"] is not None:
-        weight = (1 + 0.1 * torch.randn(p["hidden"], generator=gen)).to(dtype if p["weight"] == "same" else torch.float32)
-    eps = p["eps"] if p["eps"] is not None else torch.finfo(torch.float32).eps   # torch's default
     extra = p["extra"]
+    stream = torch.float32 if extra == "residual" and p["stream32"] and dtype != torch.float32 else dtype
+    out = p["out"] or dtype
+    rnd = lambda scale=1.0, dt=dtype: (torch.randn(shape, generator=gen) * scale).to(dt)
+    x = _layout(rnd(p["scale"]), p["layouts"][0], gen)
+    dy = _layout(rnd(dt=out), p["layouts"][1], gen)
+    other = _layout(rnd(dt=stream), p["layouts"][2], gen)
+    dh = _layout(rnd(dt=stream), p["layouts"][3], gen)
+    weight, offset = None, 0.0
+    if p["weight"] is not None:
+        offset = p["offset"]        # zero-centred weights: (1 + w) around 1 as the others
+        weight = (1 - offset + 0.1 * torch.randn(p["hidden"], generator=gen)).to(
+            dtype if p["weight"] == "same" else torch.float32)
+    eps = p["eps"] if p["eps"] is not None else torch.finfo(torch.float32).eps   # torch's default
 
     def run(det):
-        return run_entry_points(x, dy, other, dy, weight, p["eps"], extra, det)
+        return run_entry_points(x, dy, other, dh, weight, p["eps"], extra, det, offset, p["out"])
 
     det = run(True)
     y, rstd, h, dx, dw, dz = det
     gate = other if extra.startswith("gate") else None
     nbg = extra != "gate_first"
     res = other if extra == "residual" else None
-    y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, res, gate, nbg)
-    assert y.shape == x.shape and rstd.shape == x.shape[:-1]
+    y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, res, gate, nbg, weight_offset=offset)
+    assert y.shape == x.shape and rstd.shape == x.shape[:-1] and y.dtype == out and h.dtype == stream
     if y.numel():
         assert_close64(y, y64, "y")
         assert float((rstd.double() / rstd64 - 1).abs().max()) <= 1e-4
         if res is not None:
             assert_bits_equal(h, h_ref, "h")
-    back = reference.backward_fp64(dy, h, weight, rstd, dy if res is not None else None, gate, nbg)
+    back = reference.backward_fp64(dy, h, weight, rstd, dh if res is not None else None, gate, nbg,
+                                   weight_offset=offset)
     if dx.numel():
         assert_close64(dx, back[0], "dx")
         if gate is not None:

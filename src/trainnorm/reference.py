@@ -85,7 +85,8 @@ def gate_functions(activation: str):
 
 def forward_fp64(x, weight, eps, residual=None, gate=None, norm_before_gate=True, *, activation="silu",
                  weight_offset=0.0):
-    """(y, rstd, h): y and rstd in float64, h in x's dtype (it is rounded by definition).
+    """(y, rstd, h): y and rstd in float64, h in the residual's dtype (it is rounded by
+    definition; see residual_sum).
 
     With a gate and a = GATE_ACTIVATIONS[activation]: y = rmsnorm(h) * w * a(gate)
     (norm_before_gate), or rmsnorm(h * a(gate)) * w, where rstd is that of h * a(gate).

@@ -39,21 +39,25 @@ def assert_close64(out, ref, what=""):
                                msg=lambda m: f"{what}: {m}")
 
 
-def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic):
+def run_entry_points(x, dy, other, dh, weight, eps, extra, deterministic, weight_offset=0.0, out_dtype=None):
     """(y, rstd, h, dx, dw, dgate) of one case through the explicit entry points.
 
-    extra: "" / "none" (plain), "residual" (other is the residual, dh its gradient),
+    extra: "" / "none" (plain), "residual" (other is the residual, dh its gradient;
+    a float32 residual under 16-bit x is a float32 stream: h, dh and dx float32),
     "gate" (other is the gate, norm then gate) or "gate_first" (gate, then norm);
-    dgate is None without a gate, h is x without a residual."""
+    dgate is None without a gate, h is x without a residual. weight_offset and
+    out_dtype as in trainnorm.rms_norm (dy then comes in out_dtype)."""
     import trainnorm
+    kw = dict(weight_offset=weight_offset)
     if extra in ("gate", "gate_first"):
         nbg = extra == "gate"
-        y, rstd = trainnorm.rms_norm_gated_forward(x, other, weight, eps, norm_before_gate=nbg)
+        y, rstd = trainnorm.rms_norm_gated_forward(x, other, weight, eps, norm_before_gate=nbg, out_dtype=out_dtype,
+                                                   **kw)
         dx, dz, dw = trainnorm.rms_norm_gated_backward(dy, x, other, weight, rstd, norm_before_gate=nbg,
-                                                       deterministic=deterministic)
+                                                       deterministic=deterministic, **kw)
         return y, rstd, x, dx, dw, dz
     res = other if extra == "residual" else None
-    y, rstd, h = trainnorm.rms_norm_forward(x, weight, eps, residual=res)
+    y, rstd, h = trainnorm.rms_norm_forward(x, weight, eps, residual=res, out_dtype=out_dtype, **kw)
     dx, dw = trainnorm.rms_norm_backward(dy, h, weight, rstd, dh=dh if res is not None else None,
-                                         deterministic=deterministic)
+                                         deterministic=deterministic, **kw)
     return y, rstd, h, dx, dw, None

@@ -6,7 +6,8 @@ shape (T = 0 up to large T, capped in elements), layout (contiguous, a slice
 of a wider buffer with an offset, a two-level per-head view such as
 [T, 24, 256] with strides (12288, 512, 1), transposed leading dims, a strided
 last dim, a broadcast row), dtype, weight dtype (activation, fp32, None),
-residual, gate (both orders), eps (incl. None) and input family.
+residual (a float32 stream under 16-bit x), gate (both orders), a (1 + w)
+weight, y's dtype, eps (incl. None) and input family.
 
 Every case runs forward + backward three times (deterministic twice, then
 deterministic=False) and checks:
@@ -124,7 +125,20 @@ def draw_case(case_seed: int, device: str) -> dict:
         extra=extra, eps=eps,
         family=str(rng.choice(["normal", "outlier", "offset", "small", "large"], p=[0.4, 0.25, 0.2, 0.075, 0.075])),
         other_layouts=[str(rng.choice(["same", "contig", "slice"])) for _ in range(3)],   # dy, residual/gate, dh
+        # drawn last, so that the fields above are those an older build drew for the seed
+        stream32=bool(rng.random() < 0.4),          # a residual under 16-bit x: a float32 stream
+        w_offset=float(rng.choice([0.0, 1.0], p=[0.7, 0.3])),
+        out=[None, None, None, *DTYPE_NAMES][int(rng.integers(0, 6))],
     )
+
+
+def _stream(c) -> str:
+    """The residual stream's dtype name: float32 for a float32 stream under 16-bit x."""
+    return "fp32" if c["extra"] == "residual" and c.get("stream32") else c["dtype"]
+
+
+def _offset(c) -> float:
+    return c.get("w_offset", 0.0) if c["weight"] != "none" else 0.0
 
 
 def _dtype(name):
@@ -185,12 +199,15 @@ def make_tensors(c: dict):
         ch = torch.randperm(hidden, generator=gen, device=dev)[:k]
         x[..., ch] *= 30.0
     x = x.to(dtype)
-    dy = (0.05 + draw(1e-3)).to(dtype) if fam == "offset" else draw().to(dtype)
-    other = draw().to(dtype)
-    dh = draw(0.5).to(dtype)
+    out = _dtype(c.get("out") or c["dtype"])
+    stream = _dtype(_stream(c))
+    dy = (0.05 + draw(1e-3)).to(out) if fam == "offset" else draw().to(out)
+    other = draw().to(stream)
+    dh = draw(0.5).to(stream)
     weight = None
     if c["weight"] != "none":
-        weight = (1.0 + 0.1 * torch.randn(hidden, generator=gen, device=dev)).to(
+        # zero-centred weights with an offset: (offset + w) around 1 as the others
+        weight = (1.0 - _offset(c) + 0.1 * torch.randn(hidden, generator=gen, device=dev)).to(
             dtype if c["weight"] == "same" else torch.float32)
     x = _place(x, c, c["layout"], gen)
     lay = [c["layout"] if l == "same" else l for l in c["other_layouts"]]
@@ -206,7 +223,8 @@ def run_case(c, tensors, deterministic):
     """(y, rstd, h, dx, dw, dgate) through the explicit entry points."""
     from .checks import run_entry_points
     x, dy, other, dh, weight = tensors
-    return run_entry_points(x, dy, other, dh, weight, c["eps"], c["extra"], deterministic)
+    out = _dtype(c["out"]) if c.get("out") else None
+    return run_entry_points(x, dy, other, dh, weight, c["eps"], c["extra"], deterministic, _offset(c), out)
 
 
 OUT_NAMES = ("y", "rstd", "h", "dx", "dw", "dgate")
@@ -240,6 +258,8 @@ def check_case(c, tensors, det, det2, fast):
     nbg = extra != "gate_first"
     res = other if extra == "residual" else None
     dh_in = dh if res is not None else None
+    offset = _offset(c)
+    out = _dtype(c.get("out") or c["dtype"])
     fails, metrics = [], {}
 
     def attempt(what, fn):
@@ -252,9 +272,10 @@ def check_case(c, tensors, det, det2, fast):
     rows = rstd.numel()
 
     def shapes():
-        assert y.shape == x.shape and y.dtype == x.dtype, "y shape/dtype"
+        assert y.shape == x.shape and y.dtype == out, "y shape/dtype"
         assert rstd.shape == x.shape[:-1] and rstd.dtype == torch.float32, "rstd shape/dtype"
-        assert dx.shape == x.shape and dx.dtype == x.dtype, "dx shape/dtype"
+        assert h.dtype == _dtype(_stream(c)), "h dtype"
+        assert dx.shape == x.shape and dx.dtype == h.dtype, "dx shape/dtype (h's: the explicit backward)"
         if weight is None:
             assert dw is None, "dw must be None without a weight"
         else:
@@ -271,7 +292,7 @@ def check_case(c, tensors, det, det2, fast):
         if weight is not None:
             attempt("T=0 dw", zero_dw)
     else:
-        y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, res, gate, nbg)
+        y64, rstd64, h_ref = reference.forward_fp64(x, weight, eps, res, gate, nbg, weight_offset=offset)
         metrics["y"] = _rel_err(y, y64)
         metrics["rstd"] = float((rstd.double() / rstd64 - 1).abs().max())
         attempt("y", lambda: assert_close64(y, y64, "y"))
@@ -283,7 +304,7 @@ def check_case(c, tensors, det, det2, fast):
         if res is not None:
             attempt("h", lambda: assert_bits_equal(h, h_ref, "h"))
         del y64, rstd64, h_ref
-        back = reference.backward_fp64(dy, h, weight, rstd, dh_in, gate, nbg)
+        back = reference.backward_fp64(dy, h, weight, rstd, dh_in, gate, nbg, weight_offset=offset)
         metrics["dx"] = _rel_err(dx, back[0])
         attempt("dx", lambda: assert_close64(dx, back[0], "dx"))
         if gate is not None:
@@ -329,7 +350,8 @@ def features(c, tensors) -> list[str]:
     hb = ("H=1" if h == 1 else f"H={h}" if h in TUNED else "H>16384" if h > 16384 else "H>8192" if h > 8192
           else "H odd" if h % 2 else "H other")
     feats = [hb, f"dtype={c['dtype']}", f"weight={c['weight']}", f"extra={c['extra']}", f"layout={c['layout']}",
-             f"eps={'None' if c['eps'] is None else c['eps']}", f"family={c['family']}"]
+             f"eps={'None' if c['eps'] is None else c['eps']}", f"family={c['family']}",
+             f"stream={_stream(c)}", f"w_offset={_offset(c)}", f"y={c.get('out') or c['dtype']}"]
     if rows == 0:
         feats.append("T=0")
     if c["big"]:
@@ -339,7 +361,7 @@ def features(c, tensors) -> list[str]:
         variant = Variant(has_weight=c["weight"] != "none", has_residual=extra == "residual",
                           gate="silu" if extra.startswith("gate") else None, norm_before_gate=extra != "gate_first")
         for det in (True, False):
-            p = plan.backward_plan(rows, h, _dtype(c["dtype"]), variant, det, c["weight"] != "none")
+            p = plan.backward_plan(rows, h, _dtype(_stream(c)), variant, det, c["weight"] != "none")
             feats.append(f"dw {'det' if det else 'fast'}={p.dw.value}")
         nh, _ = row_views(x)
         if nh > 1:
