@@ -384,3 +384,17 @@ def test_patch_classes_without_transformers(reference_path, toy_modeling):
     finally:
         assert unpatch_transformers_classes(toy_modeling) == 1
     assert type(toy_modeling.ToyModel().norm) is toy_modeling.ToyRMSNorm
+
+
+def test_offset_norm_widens_a_16bit_weight_under_float32_activations():
+    # a bf16 checkpoint weight beside float32 activations (the models compute the norm in
+    # float32): the weight is widened, as the models do, and (1 + w) is taken in the kernels
+    from trainnorm import reference
+    w = torch.nn.Parameter((0.1 * torch.randn(32)).to(torch.bfloat16))
+    x = torch.randn(5, 32)
+    y = OffsetRMSNorm(w, 1e-6)(x)
+    y64, _, _ = reference.forward_fp64(x, w.float(), 1e-6, weight_offset=1.0)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), y64, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        trainnorm.rms_norm(x, w, 1e-6, weight_offset=1.0)      # the public function does not widen

@@ -818,3 +818,28 @@ def test_out_dtype(device, x_dtype, residual, out_dtype):
     _, dw = trainnorm.rms_norm_backward(case.dy.to(out_dtype), h, case.weight, rstd)
     assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
     assert_bits_equal(dw.to(case.weight.dtype), grads[True][1], "dw")
+
+
+def test_gated_out_dtype_and_offset_through_autograd(device):
+    # the gated forms take out_dtype and weight_offset too: y in float32, dy in float32,
+    # gradients of the same function (FP64), and the integrations' OffsetRMSNormGated
+    from trainnorm.integrations import OffsetRMSNormGated
+    hidden, rows = 64, 13
+    case = make_case("normal", (rows,), hidden, seed=41, device=device)
+    z = torch.randn(case.x.shape, device=device).to(torch.bfloat16)
+    w = (0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)
+    for nbg in (True, False):
+        x, g, wp = (t.clone().requires_grad_() for t in (case.x, z, w))
+        y = trainnorm.rms_norm_gated(x, g, wp, EPS, norm_before_gate=nbg, weight_offset=1.0, out_dtype=torch.float32)
+        assert y.dtype == torch.float32
+        dy = case.dy.float()
+        y.backward(dy)
+        y64, rstd64, _ = reference.forward_fp64(case.x, w, EPS, None, z, nbg, weight_offset=1.0)
+        assert_close64(y, y64, "y")
+        _, rstd = trainnorm.rms_norm_gated_forward(case.x, z, w, EPS, norm_before_gate=nbg, weight_offset=1.0)
+        dx64, dw64, dz64 = reference.backward_fp64(dy, case.x, w, rstd, None, z, nbg, weight_offset=1.0)
+        assert_close64(x.grad, dx64, "dx")
+        assert_close64(g.grad, dz64, "dgate")
+        mod = OffsetRMSNormGated(torch.nn.Parameter(w.clone()), EPS, norm_before_gate=nbg)
+        assert_bits_equal(mod(case.x, z), trainnorm.rms_norm_gated(case.x, z, w, EPS, norm_before_gate=nbg,
+                                                                   weight_offset=1.0), "OffsetRMSNormGated")
