@@ -30,6 +30,7 @@ def check(case, deterministic):
     return out
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -45,6 +46,7 @@ def test_accuracy_token_counts(hidden, tokens, deterministic):
     check(make_case("outlier", (tokens,), hidden, seed=tokens, device="cuda"), deterministic)
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("family", FAMILIES)
@@ -53,6 +55,7 @@ def test_residual_6144(family, weight_dtype, deterministic):
     check(case, deterministic)
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("heads,query", [(24, True), (4, False)])
@@ -82,6 +85,7 @@ SHAPES = [((65536,), 4096, {}), ((4096,), 6144, {"residual": True}), ((16384, 24
           ((300,), 2048, {})]
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("lead,hidden,kw", SHAPES)
 def test_repeat_and_sm_counts_bitwise(lead, hidden, kw):
     case = make_case("normal", lead, hidden, weight_dtype=torch.float32, seed=5, device="cuda", **kw)
@@ -96,6 +100,7 @@ def test_repeat_and_sm_counts_bitwise(lead, hidden, kw):
             assert_bits_equal(a, b, f"{n} at {sms} SMs")
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("lead,hidden,kw", SHAPES)
 def test_modes_equal_and_fast_repeat_dx(lead, hidden, kw):
     case = make_case("offset", lead, hidden, seed=6, device="cuda", **kw)
@@ -169,6 +174,7 @@ def test_second_device_if_present():
 
 # --- the gated variant at real sizes ---------------------------------------------------------
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("norm_before_gate", [True, False])
 @pytest.mark.parametrize("lead,hidden", [((65536, 16), 128), ((16384,), 4096), ((65536,), 2048)])
 def test_gated_real_sizes(lead, hidden, norm_before_gate):
@@ -188,6 +194,7 @@ STACK = [((65536,), 4096, "fp32 stream"), ((16384,), 6144, "fp32 stream"), ((409
          ((300,), 1536, "fp32 stream")]
 
 
+@pytest.mark.bigmem
 @pytest.mark.parametrize("lead,hidden,form", STACK)
 def test_stack_forms_real_sizes(lead, hidden, form):
     # a float32 residual stream under bf16 x, the (1 + w) weight, a float32 y: against

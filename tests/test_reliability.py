@@ -380,6 +380,7 @@ def test_two_streams_match_sequential(gpu_clean):
 
 
 @pytest.mark.gpu
+@pytest.mark.bigmem
 def test_workspace_reused_many_calls(gpu_clean):
     from trainnorm.families import make_case
     for rows, hidden in ((65536, 4096), (4096, 2048), (16384, 512), (300, 8200)):
@@ -411,6 +412,7 @@ def test_workspace_reused_many_calls(gpu_clean):
 
 
 @pytest.mark.gpu
+@pytest.mark.bigmem
 def test_more_than_2_31_elements(gpu_clean):
     rows, hidden = 600_000, 4096
     assert rows * hidden > 2**31
@@ -449,6 +451,7 @@ def test_more_than_2_31_elements(gpu_clean):
 
 
 @pytest.mark.gpu
+@pytest.mark.bigmem
 def test_out_of_memory_is_an_exception(gpu_clean):
     hidden = 4096
     free, _ = torch.cuda.mem_get_info()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine from the repository root (device tool). Phases:
-#   test [args]    GPU test suite
+#   test [args]    GPU test suite (WORKERS=4 xdist workers where pytest-xdist is installed; 1: serial)
 #   verify [args]  trainnorm verify
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
 #   tune [args]    python -m trainnorm.dev.tune (e.g. --sweep-bwd; the table lands in $OUT/tune/)
@@ -15,7 +15,9 @@ OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 phase="$1"; shift
 d="$OUT/$phase"; mkdir -p "$d"
 case "$phase" in
-  test)   timeout "${LIMIT:-480}" python3 -m pytest -q -x tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  test)   # WORKERS pytest-xdist workers share the GPU; the bigmem tests run one at a time (tests/conftest.py)
+          par=(); python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-4}" -gt 1 ] && par=(-n "${WORKERS:-4}" --dist loadgroup)
+          timeout "${LIMIT:-480}" python3 -m pytest -q -x "${par[@]}" tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   tune)   timeout "${LIMIT:-480}" python3 -m trainnorm.dev.tune --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
