@@ -338,6 +338,29 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
         assert_bits_equal(a, b, "tma_stages on a misaligned view vs off")
 
 
+@pytest.mark.parametrize("streams", ["bf16 dy, bf16 h", "fp32 dy, fp32 h", "bf16 dy, fp32 h"])
+def test_tma_only_at_the_keys_element_size(device, monkeypatch, streams):
+    # the stages are sized for the key's (x's) element size: a float32 stream under bf16 x
+    # (dy of a float32 y, h of a float32 residual stream) would need twice the shared
+    # memory (296 KiB at H 5120-6144, over sm_90's 227 KiB): plain loads, same bits
+    hidden, rows = 96, 30
+    dy_dtype, h_dtype = ({"bf16": torch.bfloat16, "fp32": torch.float32}[s.split()[0]] for s in streams.split(", "))
+    gen = torch.Generator(device=device).manual_seed(31)
+    dy = torch.randn(rows, hidden, generator=gen, device=device).to(dy_dtype)
+    h = torch.randn(rows, hidden, generator=gen, device=device).to(h_dtype)
+    w = torch.randn(hidden, generator=gen, device=device).to(torch.bfloat16)
+    rstd = torch.rand(rows, generator=gen, device=device) + 0.5
+    spec = "x:bf16" if h_dtype == torch.float32 else ""
+    made = record_descriptors(monkeypatch)
+    outs = []
+    for stages in (0, 3):
+        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=stages)):
+            outs.append(torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, None, None, spec, True, True, None))
+    assert bool(made) == (streams == "bf16 dy, bf16 h"), f"descriptors made: {len(made)}"
+    for a, b in zip(*outs):
+        assert_bits_equal(a, b, "tma_stages asked for vs off")
+
+
 FWD_FORMS = {"plain": {}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
 
 

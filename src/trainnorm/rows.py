@@ -141,25 +141,27 @@ def _tma_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(_index(device))[0] >= 9
 
 
-def descriptor_stages(stages: int, col_tiles: int, nh: int, *views) -> int:
+def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int) -> int:
     """`stages` where the rows can be read through tensor descriptors (rows that fit
     one tile, one level, base and row stride 16-byte aligned: the bulk copy's
     rules), else 0. views: (tensor, row stride) pairs, None for an absent
-    tensor. The layout is only inspected when a config asks for them."""
+    tensor; elt: the element size the config was chosen for (its key's). The
+    layout is only inspected when a config asks for them."""
     if not stages or col_tiles != 1 or nh != 1:
         return 0
-    sizes = set()
     for t, stride in views:
         if t is None:
             continue
         e = t.element_size()
-        sizes.add(e)
+        # The configs size their shared-memory stages for the key's element size;
+        # a float32 stream read under a 16-bit key (a float32 residual stream, dy of a
+        # float32 y) needs twice the bytes per stage: 296 KiB at H 5120-6144 with 4
+        # stages, over sm_90's 227 KiB per block. Plain loads then.
+        if e != elt:
+            return 0
         if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
             return 0
-    # The configs size their shared-memory stages for one element size (the tile's
-    # dtype); a wider stream beside it (a float32 residual stream or y under 16-bit
-    # x) would need up to twice the bytes per stage: plain loads then.
-    return stages if len(sizes) <= 1 else 0
+    return stages
 
 
 def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):

@@ -168,6 +168,9 @@ def _stream_forms(x, r, dy, dh, w, rstd, deterministic=(True,)):
     torch.ops.trainnorm.rms_norm_fwd(x, w, r.float(), None, 1e-6, f"x:{x_name}")
     for det in deterministic:
         torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh.float(), None, f"x:{x_name}", det, True, None)
+        # the stream with y in float32: dy and h both float32 under x's 16-bit key
+        torch.ops.trainnorm.rms_norm_bwd(dy.float(), h, w, rstd, dh.float(), None, f"x:{x_name},y:fp32", det,
+                                         True, None)
         torch.ops.trainnorm.rms_norm_bwd(dy, x, w, rstd, None, None, "w+1.0", det, True, None)
         torch.ops.trainnorm.rms_norm_bwd(dy.float(), x, w, rstd, None, None, "", det, True, None)
     torch.ops.trainnorm.rms_norm_fwd(x, w, None, None, 1e-6, "w+1.0")
