@@ -89,6 +89,11 @@ BAD_FORWARD = [
     (lambda d: dict(x=_x(d), weight_offset=True), TypeError, "weight_offset must be a real number, got bool"),
     (lambda d: dict(x=_x(d), weight_offset="1"), TypeError, "weight_offset must be a real number, got str"),
     (lambda d: dict(x=_x(d), weight_offset=float("inf")), ValueError, "weight_offset must be finite"),
+    # offsets float32 cannot hold: in the kernels y turned to inf and dx to NaN (1e39), or
+    # a subnormal became a float64 constant
+    (lambda d: dict(x=_x(d), weight_offset=1e39), ValueError, "weight_offset must be 0 or a normal float32.*1e\\+39"),
+    (lambda d: dict(x=_x(d), weight_offset=-1e39), ValueError, "weight_offset must be 0 or a normal float32"),
+    (lambda d: dict(x=_x(d), weight_offset=1e-40), ValueError, "weight_offset must be 0 or a normal float32"),
     (lambda d: dict(x=_x(d), weight=None, weight_offset=1.0), ValueError, "weight_offset=1.0 needs a weight"),
     (lambda d: dict(x=_x(d), out_dtype=torch.float64), TypeError, "out_dtype must be None or one of"),
     (lambda d: dict(x=_x(d), out_dtype="float32"), TypeError, "out_dtype must be None or one of"),
@@ -264,6 +269,15 @@ def test_op_checks_eps_before_any_kernel(device, no_launch):
     for bad in (1e-50, 1e39, 0.0, float("nan")):
         with pytest.raises(ValueError, match="eps must"):
             torch.ops.trainnorm.rms_norm_fwd(_x(device), _w(device), None, None, bad, "")
+
+
+def test_op_checks_weight_offset_before_any_kernel(device, no_launch):
+    # RMSNormFunction and the raw ops take the offset in the variant string: checked there too
+    for spec in ("w+nan", "w+inf", "w+-1e+39", "w+1e-40"):
+        with pytest.raises(ValueError, match="weight_offset must"):
+            torch.ops.trainnorm.rms_norm_fwd(_x(device), _w(device), None, None, 1e-6, spec)
+        with pytest.raises(ValueError, match="weight_offset must"):
+            trainnorm.RMSNormFunction.apply(_x(device), _w(device), 1e-6, None, True, None, spec)
 
 
 @pytest.mark.parametrize("eps", [float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)])

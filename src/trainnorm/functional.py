@@ -15,7 +15,7 @@ from . import plan
 from .configs import MAX_HIDDEN
 from .ops import RMSNormFunction, check_eps
 from .rows import arch_of
-from .variant import DTYPE_NAMES, Variant, check_activation
+from .variant import DTYPE_NAMES, Variant, check_activation, check_weight_offset
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DEVICE_TYPES = ("cuda", "cpu")
@@ -124,6 +124,7 @@ def _check_weight_offset(weight_offset, weight) -> float:
     offset = float(weight_offset)     # under torch.compile: specialised, one graph per offset
     if offset != offset or abs(offset) == math.inf:     # (math.isfinite breaks a dynamo graph)
         raise ValueError(f"weight_offset must be finite, got {offset}")
+    check_weight_offset(offset)
     if offset and weight is None:
         raise ValueError(f"weight_offset={offset} needs a weight (y = norm(x) * (weight_offset + weight)), "
                          "got weight=None")

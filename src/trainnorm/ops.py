@@ -13,13 +13,12 @@ import torch
 from torch import Tensor
 
 from . import dispatch
-from .variant import DTYPE_NAMES, DTYPES, Variant
+from .variant import DTYPE_NAMES, DTYPES, F32_MAX, F32_TINY, Variant
 
 # The kernels add eps in float32: an eps outside float32's normal range would be
 # rounded to 0 or a subnormal (1e-50: a zero row's rstd becomes inf, y NaN) or to
 # inf (1e39: rstd 0, y all zeros). Such an eps is an error on every path.
-EPS_MIN = float(torch.finfo(torch.float32).tiny)    # 1.1754944e-38
-EPS_MAX = float(torch.finfo(torch.float32).max)     # 3.4028235e+38
+EPS_MIN, EPS_MAX = F32_TINY, F32_MAX                # 1.1754944e-38, 3.4028235e+38
 
 
 def check_eps(eps: float) -> None:
