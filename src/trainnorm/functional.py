@@ -6,7 +6,6 @@ that names the argument.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -122,8 +121,6 @@ def _check_weight_offset(weight_offset, weight) -> float:
     if isinstance(weight_offset, bool) or not isinstance(weight_offset, (numbers.Real, torch.SymFloat)):
         raise TypeError(f"weight_offset must be a real number, got {_type_name(weight_offset)}")
     offset = float(weight_offset)     # under torch.compile: specialised, one graph per offset
-    if offset != offset or abs(offset) == math.inf:     # (math.isfinite breaks a dynamo graph)
-        raise ValueError(f"weight_offset must be finite, got {offset}")
     check_weight_offset(offset)
     if offset and weight is None:
         raise ValueError(f"weight_offset={offset} needs a weight (y = norm(x) * (weight_offset + weight)), "

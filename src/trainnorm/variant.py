@@ -87,8 +87,6 @@ def _from_spec(spec: str, has_weight: bool, has_residual: bool, has_gate: bool) 
     for part in spec.split(",") if spec else ():
         if part.startswith("w+"):
             offset = float(part[2:])
-            if offset != offset:
-                raise ValueError(f"variant spec {spec!r}: weight_offset must be finite, got {offset}")
             check_weight_offset(offset)
         elif part[:2] in ("x:", "y:"):
             dtypes[part[0]] = part[2:]
@@ -113,6 +111,8 @@ F32_MAX = float(torch.finfo(torch.float32).max)      # 3.4028235e+38
 
 def check_weight_offset(offset: float) -> None:
     """ValueError unless the weight offset is 0 or a normal float32 number (of either sign)."""
+    if offset != offset or abs(offset) == float("inf"):     # (math.isfinite breaks a dynamo graph)
+        raise ValueError(f"weight_offset must be finite, got {offset}")
     if offset and not F32_TINY <= abs(offset) <= F32_MAX:
         raise ValueError(f"weight_offset must be 0 or a normal float32 number, |offset| in [{F32_TINY:.8g}, "
                          f"{F32_MAX:.8g}] (the kernels add it in float32), got {offset}")
