@@ -80,6 +80,18 @@ def test_other_dtypes(dtype):
         check(make_case("outlier", (16384,), 4096, dtype=dtype, seed=4, device="cuda"), deterministic)
 
 
+def check_sm_counts_and_modes(run, ref, names, n_mode, sms=(1, 66, 132, 264)):
+    """run(det=True) -> outputs: the same bits as ref at every SM count, and the
+    first n_mode outputs (all but dw) the same bits in deterministic=False."""
+    for count in sms:
+        with simulate_sm_count(count):
+            out = run()
+        for a, b, n in zip(ref, out, names):
+            assert_bits_equal(a, b, f"{n} at {count} SMs")
+    for a, b, n in zip(ref[:n_mode], run(False)[:n_mode], names):
+        assert_bits_equal(a, b, f"{n}: both modes")
+
+
 # --- determinism ---------------------------------------------------------------------------
 
 SHAPES = [((65536,), 4096, {}), ((4096,), 6144, {"residual": True}), ((16384, 24), 256, {"query_view": True}),
@@ -227,13 +239,7 @@ def test_stack_forms_real_sizes(lead, hidden, form):
     dx64, dw64 = reference.backward_fp64(dy, h, w, rstd, dh, weight_offset=offset)
     assert_close64(dx, dx64, "dx")
     assert reference.dw_err_over_tol(dw, dw64) <= DW_BUDGET
-    for sms in (1, 66, 132, 264):
-        with simulate_sm_count(sms):
-            out = run()
-        for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
-            assert_bits_equal(a, b, f"{n} at {sms} SMs")
-    for a, b, n in zip(ref[:4], run(False)[:4], ("y", "rstd", "h", "dx")):
-        assert_bits_equal(a, b, f"{n}: both modes")
+    check_sm_counts_and_modes(run, ref, ("y", "rstd", "h", "dx", "dw"), 4)
 
 
 # the autograd path keys the backward on x's 16-bit dtype while dy and h may be float32
@@ -277,13 +283,7 @@ def test_stack_through_autograd_real_sizes(lead, hidden, out_dtype):
     _, odw, _, _ = torch.ops.trainnorm.rms_norm_bwd(dy, h, case.weight, rstd, dh, None, spec, True, True, None)
     assert reference.dw_err_over_tol(odw, dw64) <= DW_BUDGET
     assert_bits_equal(odw.to(dw.dtype), dw, "dw through the op")
-    for sms in (1, 132, 264):
-        with simulate_sm_count(sms):
-            out = run()
-        for a, b, n in zip(ref, out, ("y", "h", "dx", "dres", "dw")):
-            assert_bits_equal(a, b, f"{n} at {sms} SMs")
-    for a, b, n in zip(ref[:4], run(False)[:4], ("y", "h", "dx", "dres")):
-        assert_bits_equal(a, b, f"{n}: both modes")
+    check_sm_counts_and_modes(run, ref, ("y", "h", "dx", "dres", "dw"), 4, sms=(1, 132, 264))
 
 
 @pytest.mark.bigmem
@@ -294,11 +294,6 @@ def test_widths_beyond_the_table(heads, hidden):
     lead = (16384,) if heads is None else (4096, heads)
     case = make_case("outlier", lead, hidden, seed=hidden, device="cuda")
     ref = check(case, True)
-    for sms in (1, 132, 264):
-        with simulate_sm_count(sms):
-            out = run_both(case)
-        for a, b, n in zip(ref, out, ("y", "rstd", "h", "dx", "dw")):
-            assert_bits_equal(a, b, f"{n} at {sms} SMs")
-    fast = check(case, False)
-    for a, b, n in zip(ref[:4], fast[:4], ("y", "rstd", "h", "dx")):
-        assert_bits_equal(a, b, f"{n}: both modes")
+    check(case, False)
+    check_sm_counts_and_modes(lambda det=True: run_both(case, det), ref, ("y", "rstd", "h", "dx", "dw"), 4,
+                              sms=(1, 132, 264))
