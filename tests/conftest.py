@@ -32,6 +32,11 @@ def _poison_uninitialized():
     torch.utils.deterministic.fill_uninitialized_memory = True
     yield
     torch.use_deterministic_algorithms(old)
+    if HAS_CUDA:
+        # give the caching allocator's blocks back: workers sharing one GPU otherwise keep
+        # what their largest test held (12-26 GiB each in the first whole-suite run on an
+        # H100, where the bigmem tests then ran out of memory)
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture
@@ -41,10 +46,12 @@ def device():
 
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    # One GPU shared by pytest-xdist workers (`-n 4 --dist loadgroup`): the bigmem tests
-    # hold up to ~20 GiB each (FP64 references of 65,536 x 6144 rows): 8 workers on an
-    # 80 GB H100 ran out of memory in 82 of tests/test_gpu.py's 163 tests. In one group
-    # they run one after another on one worker while the other workers take the rest.
+    # One GPU shared by pytest-xdist workers: the bigmem tests hold up to ~20 GiB each
+    # (FP64 references of 65,536 x 6144 rows): 8 workers on an 80 GB H100 ran out of
+    # memory in 82 of tests/test_gpu.py's 163 tests. In one group they run one after
+    # another on one worker (`-n 4 --dist loadgroup`); with 6 workers on an H100 that
+    # still left 67 out of memory beside the other workers' tests, so tools/h200.sh
+    # runs them in a second, serial pass (`-m bigmem`) after `-m "not bigmem"`.
     one_at_a_time = pytest.mark.xdist_group("gpu-memory")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:

@@ -289,7 +289,8 @@ def record_descriptors(monkeypatch) -> list:
     return made
 
 
-LOAD_FORMS = {"plain": {}, "prefetch": {"prefetch": True}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
+LOAD_FORMS = {"plain": {"tma_stages": 0}, "prefetch": {"prefetch": True, "tma_stages": 0}, "tma2": {"tma_stages": 2},
+              "tma3": {"tma_stages": 3}}
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -834,7 +835,9 @@ def test_out_dtype(device, x_dtype, residual, out_dtype):
     assert_close64(y, y64, "y")
     if out_dtype.itemsize > x_dtype.itemsize:
         assert_bits_equal(y.to(x_dtype), base, "y rounded to x's dtype")
-    _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=r)
+    # the rstd autograd saved: the same call's (for float32 x stored as bf16 the GPU kernel
+    # compiled for the narrower store gave rstd one ulp off the default call's on an H100)
+    _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=r, out_dtype=out_dtype)
     dx64, dw64 = reference.backward_fp64(case.dy.to(out_dtype), h, case.weight, rstd)
     assert_close64(grads[True][0], dx64, "dx")
     assert_bits_equal(grads[True][0], grads[False][0], "dx: both modes")

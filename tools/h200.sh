@@ -15,9 +15,11 @@ OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 phase="$1"; shift
 d="$OUT/$phase"; mkdir -p "$d"
 case "$phase" in
-  test)   # WORKERS pytest-xdist workers share the GPU; the bigmem tests run one at a time (tests/conftest.py)
-          par=(); python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-4}" -gt 1 ] && par=(-n "${WORKERS:-4}" --dist loadgroup)
-          timeout "${LIMIT:-480}" python3 -m pytest -q -x "${par[@]}" tests "$@" 2>&1 | tee "$d/log" | tail -40 ;;
+  test)   # WORKERS pytest-xdist workers share the GPU for all but the bigmem tests, which then
+          # run alone, one after another (tests/conftest.py)
+          par=(); python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-4}" -gt 1 ] && par=(-n "${WORKERS:-4}")
+          { timeout "${LIMIT:-480}" python3 -m pytest -q "${par[@]}" -m "not bigmem" tests "$@" &&
+            timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"; } 2>&1 | tee "$d/log" | tail -40 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   tune)   timeout "${LIMIT:-480}" python3 -m trainnorm.dev.tune --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;

@@ -289,22 +289,47 @@ BWD_MAX_TILE = 8192
 def default_forward(hidden: int, elt: int) -> FwdConfig:
     block_n = next_pow2(hidden)
     if block_n > FWD_MAX_TILE:
-        block_n = 8192
+        return FwdConfig(FwdTile(1, 8192, 16))       # walked in column tiles (unmeasured)
     block_m = max(1, min(16, 4096 // block_n))
-    num_warps = min(16, max(4, block_m * block_n // 512))
+    # 32 elements a thread (fewer in tiles under 4096 elements, at the 4-warp minimum).
+    # At 16 a thread (bm x bn / 512) the forward ran behind 32 a thread at every unseen
+    # width probed on an H100, T 16384 (us, 16 vs 32 a thread): H768 26.5 vs 22.9, H1024 30.0 vs 28.2, H2560 69.6 vs 61.8,
+    # H5376 153.2 vs 121.7; H1024 T65536 99.6 vs 94.9 (docs/benchmarks/tune/h100-unseen.txt).
+    num_warps = min(16, max(4, block_m * block_n // 1024))
     return FwdConfig(FwdTile(block_m, block_n, num_warps))
 
 
 def default_backward(hidden: int, elt: int) -> BwdConfig:
+    """The backward of a width the table does not hold.
+
+    Measured on an H100 at unseen widths, T 16384 (docs/benchmarks/tune/h100-unseen.txt;
+    us, the earlier rule -> this one): H768 171.5 -> 43.3, H1024 170.4 -> 48.5 (65536:
+    648.9 -> 155.6), H2560 188.4 -> 118.4, H3584 206.3 -> 137.7, H5376 266.4 -> 206.5,
+    [T,8,128] as 131072 rows of 128 136.0 -> 50.1. The earlier rule gave each thread 8
+    elements of a tile of 2048 with plain loads: up to 4x behind torch.compile. Now:
+    - 16 elements a thread, with the rows of a tile fed by tensor descriptors 3 deep
+      (plain loads where the rows do not allow descriptors), as every measured entry;
+    - rows of 2048-4096 columns two at a time (bm1 w8: 139.2 us at H2560, bm2 w16 118.4;
+      2048 unmeasured);
+    - tiles of 512 columns or fewer sum dw over the tile's rows in float64 per element
+      (dw_2d, 8 elements a thread: H128 50.1 us against 88.0 without it);
+    - rows of 8192 columns 4 programs per SM over at most 132 chunks (H5376 206.5 us
+      against 217.7 at 2 per SM over 256).
+    Rows wider than BWD_MAX_TILE are walked in column tiles of 4096 as before."""
     block_n = next_pow2(hidden)
     if block_n > BWD_MAX_TILE:
-        block_n = 4096
-    block_m = max(1, min(16, 2048 // block_n))
-    num_warps = min(16, max(4, block_m * block_n // 256))
+        return BwdConfig(BwdTile(1, 4096, 16, min_rows_per_chunk=16, max_chunks=256),
+                         BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)))
+    block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n) or max(1, min(16, 2048 // block_n))
+    dw_2d = block_n <= 512
+    num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
+    wide = block_n >= 8192
     # unmeasured widths: the atomic form only on large problems (2**27 elements),
     # where every measured width had it at least as fast (sm_90.json)
-    return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=max(16, block_m), max_chunks=256),
-                     BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)))
+    return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
+                             max_chunks=132 if wide else 256, dw_2d=dw_2d),
+                     BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)),
+                     BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
 
 
 def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
