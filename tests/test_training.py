@@ -51,7 +51,7 @@ def test_checkpoint_bitwise_equal(device):
 
 def test_demo_trains_twice_bitwise(capsys):
     from trainnorm.demo import main
-    assert main(["--tiny"]) == 0
+    assert main(["--tiny", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "final weights bitwise identical: True; loss curves identical: True" in out
     # progress as it trains, one line per run; the path named; on the CPU no timing, and why
@@ -64,9 +64,10 @@ def test_demo_trains_twice_bitwise(capsys):
 def test_demo_reference_path_says_what_it_is(capsys, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     from trainnorm.demo import main
-    assert main(["--tiny"]) == 0
+    assert main(["--tiny", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "norms run on the CPU, trainnorm's float64 reference path (no GPU here)" in out
+    why = "--device cpu" if torch.cuda.is_available() else "no GPU here"
+    assert f"norms run on the CPU, trainnorm's float64 reference path ({why}): exact results" in out
     assert "speed: not timed here: the CPU path is a float64 reference kept for exactness" in out
     assert " us" not in out
 
@@ -85,7 +86,7 @@ def test_verify_says_what_it_writes_and_leaves_out(capsys, monkeypatch, tmp_path
     monkeypatch.setenv("TRITON_INTERPRET", interpreter)
     from trainnorm.verify import main
     out_dir = tmp_path / "report"
-    assert main(["--shapes", "[T,4", "--tokens", "1,3", "--seeds", "1", "--out", str(out_dir)]) == 0
+    assert main(["--shapes", "[T,4", "--tokens", "1,3", "--seeds", "1", "--out", str(out_dir), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert out.count("# trainnorm verify") == 1, "the header is printed once"
     assert f"wrote {out_dir / 'verify.md'} and {out_dir / 'verify.json'}" in out
@@ -98,3 +99,18 @@ def test_verify_says_what_it_writes_and_leaves_out(capsys, monkeypatch, tmp_path
     import json
     report = json.loads((out_dir / "verify.json").read_text())
     assert report["not_checked"] and all(line in out for line in report["not_checked"])
+
+
+def test_cli_device_choice():
+    # demo and verify run the kernels on the GPU only where they can: a GPU and Triton
+    from trainnorm import rows
+    usable = torch.cuda.is_available() and rows.triton_installed()
+    assert rows.cli_device("cpu") == "cpu"
+    assert rows.cli_device("auto") == ("cuda" if usable else "cpu")
+    if usable:
+        assert rows.cli_device("cuda") == "cuda"
+    else:
+        with pytest.raises(ValueError, match="--device cuda: the kernels cannot run here"):
+            rows.cli_device("cuda")
+    with pytest.raises(ValueError, match="device must be auto, cuda or cpu"):
+        rows.cli_device("gpu")

@@ -143,16 +143,23 @@ def _path(cuda: bool) -> str:
         return f"the Triton kernels on {torch.cuda.get_device_name()}"
     if rows.interpreter_enabled():
         return "the CPU, the Triton kernels in Triton's interpreter (TRITON_INTERPRET=1: slow, for testing)"
-    return "the CPU, trainnorm's float64 reference path (no GPU here): exact results, not the kernels"
+    why = ("Triton is not installed" if torch.cuda.is_available() and not rows.triton_installed() else
+           "no GPU here" if not torch.cuda.is_available() else "--device cpu")
+    return f"the CPU, trainnorm's float64 reference path ({why}): exact results, not the kernels"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="trainnorm demo", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--tiny", action="store_true", help="the smallest model (for tests)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU where there is one and Triton is installed, else the CPU")
     args = p.parse_args(argv)
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
+    try:
+        device = rows.cli_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
+    cuda = device == "cuda"
     if cuda:
         # PyTorch's own ops deterministic too (cuBLAS needs a fixed workspace for that)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

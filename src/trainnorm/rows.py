@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 
 import torch
@@ -20,6 +21,26 @@ import torch
 
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_installed() -> bool:
+    """Whether Triton can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def cli_device(choice: str = "auto") -> str:
+    """The device a command (demo, verify) runs on: "cuda" where a GPU is there and Triton
+    is installed (auto), else "cpu"; an explicit "cuda" that cannot run the kernels is a
+    ValueError that says why."""
+    if choice not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be auto, cuda or cpu, got {choice!r}")
+    if choice == "cpu":
+        return "cpu"
+    usable = torch.cuda.is_available() and triton_installed()
+    if choice == "cuda" and not usable:
+        why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "Triton is not installed"
+        raise ValueError(f"--device cuda: the kernels cannot run here ({why})")
+    return "cuda" if usable else "cpu"
 
 
 def runs_kernels(t: torch.Tensor) -> bool:

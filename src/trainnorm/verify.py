@@ -192,10 +192,15 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=str, default=None, help="comma-separated token counts")
     p.add_argument("--shapes", type=str, default=None, help="substring filter on shape names")
     p.add_argument("--out", type=str, default="verify-out")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: the GPU where there is one and Triton is installed, else the CPU")
     args = p.parse_args(argv)
 
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
+    try:
+        device = rows.cli_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
+    cuda = device == "cuda"
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else (GPU_TOKENS if cuda else CPU_TOKENS)
     if args.quick:
         tokens = tokens[:: max(1, len(tokens) // 3)] + [tokens[-1]] if len(tokens) > 3 else tokens
