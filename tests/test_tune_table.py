@@ -193,3 +193,35 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
         y, rstd, _ = trainnorm.rms_norm_forward(x, w)
         dx, dw = trainnorm.rms_norm_backward(torch.ones_like(x), x, w, rstd)
     assert torch.isfinite(dx.float()).all() and torch.isfinite(dw).all()
+
+
+def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, device):
+    # --probe-defaults: at widths the table does not hold, the rules' configs and single edits
+    # of them each run once through the kernels (a stub timer), agree with the rule's outputs,
+    # and land in probe-defaults.json with their fields; no table is written
+    seen = []
+
+    def fake_time(fns, flush, passes=3, samples=8):
+        out = {}
+        for i, (name, fn) in enumerate(fns.items()):
+            fn()
+            seen.append(name)
+            out[name] = 1.0 + i
+        return out
+
+    monkeypatch.setattr(tune, "time_fns", fake_time)
+    run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), table_path=None,
+                   out=str(tmp_path), device=device, log=lambda s: None)
+    cases = ((96, 40), (320, 24))          # a two-piece width (256 + 64) and a dw_2d tile
+    for hidden, _ in cases:
+        assert not any(e["hidden"] == hidden for e in _sm90()["backward"]), "a width the table holds"
+    tune.probe_defaults(run, cases)
+    raw = json.loads((tmp_path / "probe-defaults.json").read_text())
+    for hidden, rows in cases:
+        bwd, fwd = tune.default_edits(hidden)
+        got = raw[f"bwd H{hidden} rows {rows}"]
+        assert set(got["times"]) == set(bwd), "every backward edit agreed with the rule and was timed"
+        assert got["configs"]["rule"] == configs.default_backward(hidden, 2).fields()
+        assert set(raw[f"fwd H{hidden} rows {rows}"]["times"]) == set(fwd)
+        assert {"w/2", "plain loads", "two pieces" if hidden == 96 else "no dw_2d"} <= set(bwd)
+    assert not (tmp_path / "sm_90.json").exists()

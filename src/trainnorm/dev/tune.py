@@ -12,6 +12,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-bwd [--gated] [--hidden 512,4096] --out DIR
     python -m trainnorm.dev.tune --sweep-small --out DIR
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
+    python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -32,6 +33,13 @@ into the entry's windows, schedule and slice tile.
 --sweep-fwd times every forward tile at T 1-65536 (plain loads, tensor
 descriptors, rows walked in narrower tiles) and writes the "plain" entries
 and, at the bench's float32-weight widths, the "weight_fp32" ones.
+
+--probe-defaults times, at widths the table does not hold, the analytical
+defaults' configs (configs.default_backward / default_forward) against single
+edits of them (half or twice the warps or the rows, the loads, dw_2d, programs
+per SM and chunks, a row in two pieces): whether the rules are at a local best.
+It writes only the raw times (probe-defaults.json) and the log: the rules are
+code, and their comments cite the times that chose them.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -617,6 +625,99 @@ def tune_fwd(run: Run, widths) -> None:
             run.save("sweep-fwd.json")
 
 
+# --- the analytical defaults (--probe-defaults) -------------------------------------------------
+
+# Widths the table does not hold, as (H, rows): configs.default_backward / default_forward
+# serve them. Per-head rows are timed as plain rows of the head width (rows = T x heads).
+PROBE_CASES = ((768, 16384), (1024, 16384), (2560, 16384), (3584, 16384), (5376, 16384), (128, 131072),
+               (64, 393216), (1024, 65536))
+
+
+def default_edits(hidden: int) -> tuple[dict, dict]:
+    """({name: BwdConfig}, {name: FwdConfig}) at a width the table does not hold: the
+    rules' configs ("rule") and single edits of them (warps, rows per tile, loads, dw_2d,
+    programs per SM and chunks, a row held as two pieces)."""
+    d = configs.default_backward(hidden, ELT)
+    t, sch = d.tile, d.schedule
+    bwd = {"rule": d}
+
+    def edit(name, ok, **kw):
+        if ok:
+            bwd[name] = d.replace(**kw)
+    edit("w/2", t.num_warps >= 2, num_warps=t.num_warps // 2)
+    edit("w*2", t.num_warps <= 8, num_warps=2 * t.num_warps)
+    edit("bm/2", t.block_m >= 2, block_m=t.block_m // 2)
+    edit("bm*2", t.block_m * t.block_n <= 8192, block_m=2 * t.block_m,
+         min_rows_per_chunk=max(t.min_rows_per_chunk, 2 * t.block_m))
+    edit("plain loads", sch.tma_stages > 0, tma_stages=0)
+    edit("tma4", sch.tma_stages > 0, tma_stages=4)
+    edit("dw_2d" if not t.dw_2d else "no dw_2d", t.block_n <= 1024, dw_2d=not t.dw_2d)
+    if (sch.ctas_per_sm, t.max_chunks) == (2, 256):
+        edit("c4 m132", True, ctas_per_sm=4, max_chunks=132, min_rows_per_chunk=t.block_m)
+    else:
+        edit("c2 m256", True, ctas_per_sm=2, max_chunks=256, min_rows_per_chunk=max(16, t.block_m))
+    b1, b2 = row_pieces(hidden)
+    edit("two pieces", b2 > 0 and hidden <= configs.BWD_MAX_TILE, block_n=b1, block_n2=b2, dw_2d=False,
+         tma_stages=0, loop_stages=3)
+    f = configs.default_forward(hidden, ELT)
+    ft = f.tile
+    fwd = {"rule": f}
+    for name, ok, kw in (("w/2", ft.num_warps >= 2, dict(num_warps=ft.num_warps // 2)),
+                         ("w*2", ft.num_warps <= 8, dict(num_warps=2 * ft.num_warps)),
+                         ("bm/2", ft.block_m >= 2, dict(block_m=ft.block_m // 2)),
+                         ("bm*2", ft.block_m * ft.block_n <= 16384, dict(block_m=2 * ft.block_m)),
+                         ("tma3", ft.block_n >= hidden, dict(tma_stages=3)),
+                         ("two pieces", b2 > 0 and ft.block_n >= hidden, dict(block_n=b1, block_n2=b2))):
+        if ok:
+            fwd[name] = f.replace(**kw)
+    return bwd, fwd
+
+
+def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
+    """Time the rules' configs against their edits (bf16, deterministic backward), each
+    case's candidates interleaved; raw times to probe-defaults.json. Writes no table: the
+    rules are code (configs/__init__.py), whose comments cite these times."""
+    for hidden, rows in cases:
+        x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+        dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+        _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+        bwd, fwd = default_edits(hidden)
+        fns, outs = {}, {}
+        for name, cfg in bwd.items():
+            ws = _workspace(cfg, hidden, rows, True, run.device, False)
+            fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True)
+            outs[name] = fns[name]()
+        _drop_disagreeing(run, fns, outs, f"bwd H{hidden} rows {rows}")
+        times = {"bwd": time_fns(fns, run.flush)}
+        fns, outs = {}, {}
+        for name, cfg in fwd.items():
+            fns[name] = lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "plain")
+            outs[name] = fns[name]()[:1]
+        _drop_disagreeing(run, fns, outs, f"fwd H{hidden} rows {rows}")
+        times["fwd"] = time_fns(fns, run.flush)
+        for op, t in times.items():
+            run.log(f"{op} H{hidden} rows {rows}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items(),
+                                                                                               key=lambda kv: kv[1])))
+            run.raw[f"{op} H{hidden} rows {rows}"] = {"times": t, "configs": {
+                k: (bwd if op == "bwd" else fwd)[k].fields() for k in t}}
+        run.save("probe-defaults.json")
+        del x, w, dy, rstd, fns, outs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
+    """Leave out (and log) a candidate whose outputs are not those of the rule's config up
+    to the reduction order: a broken config is not timed."""
+    for name, out in outs.items():
+        for a, b in zip(out, outs["rule"]):
+            if a is not None and not torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-2 * b.abs().max().item()):
+                run.log(f"  {what} {name}: outputs differ from the rule's; not timed")
+                fns.pop(name, None)
+                break
+
+
 # --- command line ---------------------------------------------------------------------------
 
 def parse_args(argv=None):
@@ -626,6 +727,10 @@ def parse_args(argv=None):
     sweep.add_argument("--sweep-bwd", action="store_true", help="the backward's tile, loads, schedule and chunking")
     sweep.add_argument("--sweep-small", action="store_true", help="the backward's one-chunk and column-slice windows")
     sweep.add_argument("--sweep-fwd", action="store_true", help="the forward tile over token counts 1-65536")
+    sweep.add_argument("--probe-defaults", action="store_true",
+                       help="the analytical defaults against single edits of them at widths the table does not hold")
+    p.add_argument("--cases", default=None,
+                   help="with --probe-defaults: comma-separated HxROWS (default: PROBE_CASES)")
     p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (the 'gated' entries)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
@@ -634,6 +739,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not args.sweep_bwd:
         p.error("--gated needs --sweep-bwd")
+    if args.cases and not args.probe_defaults:
+        p.error("--cases needs --probe-defaults")
     return args
 
 
@@ -662,16 +769,22 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    run = Run(table=start_table(path, arch), table_path=path, out=args.out, device=dev, flush=L2Flush(dev), log=log)
+    run = Run(table=start_table(path, arch), table_path=None if args.probe_defaults else path, out=args.out,
+              device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
     try:
-        if args.sweep_small:
+        if args.probe_defaults:
+            cases = ([tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases
+                     else PROBE_CASES)
+            probe_defaults(run, cases)
+        elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
             tune_fwd(run, widths)
         else:
             tune_bwd(run, widths, args.gated)
-        log(f"wrote {path}")
+        if not args.probe_defaults:
+            log(f"wrote {path}")
     finally:
         with open(os.path.join(args.out, "tune.txt"), "w") as f:
             f.write("\n".join(log_lines) + "\n")
