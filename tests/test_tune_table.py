@@ -11,6 +11,19 @@ from trainnorm.configs import table as tables
 from trainnorm.dev import tune
 
 
+def stub_timer(calls: list, time_of):
+    """A stand-in for tune.time_fns: runs each candidate once (through the kernels), records
+    its name in calls and reports time_of(name, position) us."""
+    def fake_time(fns, flush, passes=3, samples=8):
+        out = {}
+        for i, (name, fn) in enumerate(fns.items()):
+            fn()
+            calls.append(name)
+            out[name] = time_of(name, i)
+        return out
+    return fake_time
+
+
 def _sm90() -> dict:
     with open(tables.path("sm_90")) as f:
         return json.load(f)
@@ -117,16 +130,7 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     # through the kernels, inside its configs.override): each writes its entries into one table
     # file, which keeps every other entry and reads back as configs the package accepts
     calls = []
-
-    def fake_time(fns, flush, passes=3, samples=8):
-        out = {}
-        for i, (name, fn) in enumerate(fns.items()):
-            fn()
-            calls.append(name)
-            out[name] = 10.0 if name == "table" else 1.0 + i
-        return out
-
-    monkeypatch.setattr(tune, "time_fns", fake_time)
+    monkeypatch.setattr(tune, "time_fns", stub_timer(calls, lambda name, i: 10.0 if name == "table" else 1.0 + i))
     monkeypatch.setattr(tune, "SMALL_T", (1, 4))
     monkeypatch.setattr(tune, "FWD_T", (1, 4))
     monkeypatch.setattr(tune, "FWD_W32_WIDTHS", (64,))
@@ -199,17 +203,7 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
     # --probe-defaults: at widths the table does not hold, the rules' configs and single edits
     # of them each run once through the kernels (a stub timer), agree with the rule's outputs,
     # and land in probe-defaults.json with their fields; no table is written
-    seen = []
-
-    def fake_time(fns, flush, passes=3, samples=8):
-        out = {}
-        for i, (name, fn) in enumerate(fns.items()):
-            fn()
-            seen.append(name)
-            out[name] = 1.0 + i
-        return out
-
-    monkeypatch.setattr(tune, "time_fns", fake_time)
+    monkeypatch.setattr(tune, "time_fns", stub_timer([], lambda name, i: 1.0 + i))
     run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), table_path=None,
                    out=str(tmp_path), device=device, log=lambda s: None)
     cases = ((96, 40), (320, 24))          # a two-piece width (256 + 64) and a dw_2d tile
