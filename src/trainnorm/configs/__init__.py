@@ -291,11 +291,14 @@ def default_forward(hidden: int, elt: int) -> FwdConfig:
     if block_n > FWD_MAX_TILE:
         return FwdConfig(FwdTile(1, 8192, 16))       # walked in column tiles (unmeasured)
     block_m = max(1, min(16, 4096 // block_n))
-    # 32 elements a thread (fewer in tiles under 4096 elements, at the 4-warp minimum).
-    # At 16 a thread (bm x bn / 512) the forward ran behind 32 a thread at every unseen
-    # width probed on an H100, T 16384 (us, 16 vs 32 a thread): H768 26.5 vs 22.9, H1024 30.0 vs 28.2, H2560 69.6 vs 61.8,
-    # H5376 153.2 vs 121.7; H1024 T65536 99.6 vs 94.9 (docs/benchmarks/tune/h100-unseen.txt).
-    num_warps = min(16, max(4, block_m * block_n // 1024))
+    # 16-bit activations: 32 elements a thread (fewer in tiles under 4096 elements, at the
+    # 4-warp minimum). At 16 a thread the forward ran behind 32 a thread at every unseen
+    # width probed on an H100, bf16, T 16384 (us, 16 vs 32 a thread): H768 26.5 vs 22.9,
+    # H1024 30.0 vs 28.2, H2560 69.6 vs 61.8, H5376 153.2 vs 121.7; H1024 T65536 99.6 vs
+    # 94.9 (docs/benchmarks/tune/h100-unseen.txt). Float32 activations keep 16 a thread
+    # (not measured against it).
+    per_thread = 32 if elt < 4 else 16
+    num_warps = min(16, max(4, block_m * block_n // (32 * per_thread)))
     return FwdConfig(FwdTile(block_m, block_n, num_warps))
 
 
@@ -315,11 +318,18 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
       (dw_2d, 8 elements a thread: H128 50.1 us against 88.0 without it);
     - rows of 8192 columns 4 programs per SM over at most 132 chunks (H5376 206.5 us
       against 217.7 at 2 per SM over 256).
-    Rows wider than BWD_MAX_TILE are walked in column tiles of 4096 as before."""
+    Rows wider than BWD_MAX_TILE are walked in column tiles of 4096 as before. Float32
+    activations keep the earlier rule: the new one was measured at bf16 only, and with
+    float32 rows its descriptor loads spill at H 4096-6144 (compile-check, Triton 3.6,
+    sm_90: 4-20 bytes a thread without a gate, 88-308 with one)."""
     block_n = next_pow2(hidden)
+    windows = BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden))
     if block_n > BWD_MAX_TILE:
-        return BwdConfig(BwdTile(1, 4096, 16, min_rows_per_chunk=16, max_chunks=256),
-                         BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)))
+        return BwdConfig(BwdTile(1, 4096, 16, min_rows_per_chunk=16, max_chunks=256), windows)
+    if elt >= 4:
+        block_m = max(1, min(16, 2048 // block_n))
+        return BwdConfig(BwdTile(block_m, block_n, min(16, max(4, block_m * block_n // 256)),
+                                 min_rows_per_chunk=max(16, block_m), max_chunks=256), windows)
     block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n) or max(1, min(16, 2048 // block_n))
     dw_2d = block_n <= 512
     num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
@@ -328,8 +338,7 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     # where every measured width had it at least as fast (sm_90.json)
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
                              max_chunks=132 if wide else 256, dw_2d=dw_2d),
-                     BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden)),
-                     BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
+                     windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
 
 
 def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
