@@ -2,6 +2,7 @@
 # Runs on the H200 machine from the repository root (device tool). Phases:
 #   test [args]    GPU test suite (WORKERS=4 xdist workers where pytest-xdist is installed; 1: serial)
 #   verify [args]  trainnorm verify
+#   bits OLD_SRC   trainnorm.dev.bits here and against another checkout's src/ (both at once), then compared
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
 #   tune [args]    python -m trainnorm.dev.tune (e.g. --sweep-bwd; the table lands in $OUT/tune/)
 #   soak [args]    python -m trainnorm.dev.soak (e.g. --cases 10000 --workers 8 --time-limit 480)
@@ -21,6 +22,10 @@ case "$phase" in
           { timeout "${LIMIT:-480}" python3 -m pytest -q "${par[@]}" -m "not bigmem" tests "$@" &&
             timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"; } 2>&1 | tee "$d/log" | tail -40 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
+  bits)   # alone on the GPU: beside the test suite both sides ran past 250 s on an H100
+          { PYTHONPATH="$1" timeout "${LIMIT:-480}" python3 src/trainnorm/dev/bits.py --out "$d/old.json" > "$d/old.log" 2>&1 &
+            timeout "${LIMIT:-480}" python3 -m trainnorm.dev.bits --out "$d/new.json" > "$d/new.log" 2>&1; wait
+            python3 -m trainnorm.dev.bits --compare "$d/old.json" "$d/new.json"; } 2>&1 | tee "$d/log" | tail -40 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   tune)   timeout "${LIMIT:-480}" python3 -m trainnorm.dev.tune --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   soak)   timeout "${LIMIT:-540}" python3 -m trainnorm.dev.soak --out "$d" "$@" 2>&1 | tee "$d/log" | tail -40 ;;
