@@ -323,6 +323,8 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     float32 rows its descriptor loads spill at H 4096-6144 (compile-check, Triton 3.6,
     sm_90: 4-20 bytes a thread without a gate, 88-308 with one)."""
     block_n = next_pow2(hidden)
+    # the atomic form only on large problems (2**27 elements), where every measured
+    # width had it at least as fast (sm_90.json)
     windows = BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden))
     if block_n > BWD_MAX_TILE:
         return BwdConfig(BwdTile(1, 4096, 16, min_rows_per_chunk=16, max_chunks=256), windows)
@@ -334,8 +336,6 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     dw_2d = block_n <= 512
     num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
     wide = block_n >= 8192
-    # unmeasured widths: the atomic form only on large problems (2**27 elements),
-    # where every measured width had it at least as fast (sm_90.json)
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
                              max_chunks=132 if wide else 256, dw_2d=dw_2d),
                      windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
