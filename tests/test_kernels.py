@@ -339,6 +339,30 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
         assert_bits_equal(a, b, "tma_stages on a misaligned view vs off")
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("hidden", [2, 4, 8, 16])
+def test_tma_needs_16_byte_block_rows(device, monkeypatch, hidden, gated):
+    # a bulk copy's block row holds at least 16 bytes: narrower tiles (H 1-4 in bf16, whose
+    # default config asks for descriptor loads) read plainly even where the rows are aligned,
+    # here slices of a buffer 16 wide; the soak found H 2 and 4 raising from the descriptor
+    buf = torch.randn(2, 37, 16, device=device).to(torch.bfloat16)
+    x, dy = buf[0, :, :hidden], buf[1, :, :hidden]
+    w = (1 + 0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)
+    z = torch.randn(37, 16, device=device).to(torch.bfloat16)[:, :hidden] if gated else None
+    made = record_descriptors(monkeypatch)
+    for det in (True, False):
+        if gated:
+            y, rstd = trainnorm.rms_norm_gated_forward(x, z, w, EPS)
+            trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=det)
+        else:
+            y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS)
+            dx, dw = trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det)
+            check_backward(dy, x, w, rstd, None, dx, dw)
+    cfg = bwd_config(hidden, torch.bfloat16, gated)
+    assert cfg.tma_stages > 0, "the default asks for descriptors"
+    assert bool(made) == (cfg.block_n * 2 >= 16)
+
+
 @pytest.mark.parametrize("streams", ["bf16 dy, bf16 h", "fp32 dy, fp32 h", "bf16 dy, fp32 h"])
 def test_tma_only_at_the_keys_element_size(device, monkeypatch, streams):
     # the stages are sized for the key's (x's) element size: a float32 stream under bf16 x

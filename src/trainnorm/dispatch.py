@@ -56,7 +56,8 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
                   num_warps=cfg.num_warps)
     with device_guard(x):
         if plan.one_tile:
-            stages = descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt), elt=x.element_size())
+            stages = descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt), elt=x.element_size(),
+                                       block_n=cfg.block_n)
             tiles = cdiv(rows, cfg.block_m)
             if stages:
                 desc_x = row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
@@ -132,7 +133,8 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
     prefetch, stages = plan.loads()
-    stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=x_dtype.itemsize)
+    stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=x_dtype.itemsize,
+                                block_n=cfg.block_n)
     if stages:
         desc_dy, desc_h = (row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
                            for t, st in ((dyv, sdyt), (hv, sht)))

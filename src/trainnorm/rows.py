@@ -162,13 +162,14 @@ def _tma_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(_index(device))[0] >= 9
 
 
-def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int) -> int:
+def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, block_n: int) -> int:
     """`stages` where the rows can be read through tensor descriptors (rows that fit
-    one tile, one level, base and row stride 16-byte aligned: the bulk copy's
-    rules), else 0. views: (tensor, row stride) pairs, None for an absent
-    tensor; elt: the element size the config was chosen for (its key's). The
-    layout is only inspected when a config asks for them."""
-    if not stages or col_tiles != 1 or nh != 1:
+    one tile, one level, base and row stride 16-byte aligned, a block row of at
+    least 16 bytes: the bulk copy's rules), else 0. views: (tensor, row stride)
+    pairs, None for an absent tensor; elt: the element size the config was chosen
+    for (its key's); block_n: the tile's columns. The layout is only inspected when
+    a config asks for them."""
+    if not stages or col_tiles != 1 or nh != 1 or block_n * elt < 16:
         return 0
     for t, stride in views:
         if t is None:
