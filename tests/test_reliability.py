@@ -469,3 +469,16 @@ def test_out_of_memory_is_an_exception(gpu_clean):
     x = torch.randn(64, hidden, device="cuda").to(torch.bfloat16)
     y, rstd, h = trainnorm.rms_norm_forward(x, w)
     check_forward(x, w, 1e-6, None, y, rstd, h)
+
+
+def test_bit_comparison_of_odd_strided_views():
+    # the checks compare raw bytes: a one-element view of stride 2 (a size-1 last dim, met by
+    # the soak at H 1) and a transposed view compare by value, NaN to NaN, and -0 not to +0
+    from trainnorm.dev.checks import bits
+    a = torch.tensor([[1.5, -0.0], [float("nan"), 2.0]], dtype=torch.float16)
+    one = a[:1, :1].as_strided((1, 1), (2, 2))
+    assert torch.equal(bits(one), bits(torch.tensor([[1.5]], dtype=torch.float16)))
+    assert torch.equal(bits(a.t()), bits(a.t().contiguous()))
+    assert torch.equal(bits(a[1:, :1]), bits(torch.tensor([[float("nan")]], dtype=torch.float16)))
+    assert not torch.equal(bits(a[:1, 1:]), bits(torch.zeros(1, 1, dtype=torch.float16)))
+    assert_bits_equal(one, one.clone())

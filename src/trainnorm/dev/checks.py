@@ -9,8 +9,10 @@ DW_BUDGET = 0.5
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bytes of a tensor, for bitwise comparisons (NaN == NaN, -0 != +0)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    """The raw bytes of a tensor, for bitwise comparisons (NaN == NaN, -0 != +0). The copy
+    has unit stride: `.contiguous()` keeps a size-1 dim's stride (a one-element [1, 1] view
+    of stride 2, which the soak met at H 1), and a byte view needs stride 1."""
+    return t.detach().reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
 
 
 def assert_bits_equal(a, b, what=""):
