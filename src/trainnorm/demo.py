@@ -143,8 +143,7 @@ def _path(cuda: bool) -> str:
         return f"the Triton kernels on {torch.cuda.get_device_name()}"
     if rows.interpreter_enabled():
         return "the CPU, the Triton kernels in Triton's interpreter (TRITON_INTERPRET=1: slow, for testing)"
-    why = ("Triton is not installed" if torch.cuda.is_available() and not rows.triton_installed() else
-           "no GPU here" if not torch.cuda.is_available() else "--device cpu")
+    why = rows.why_no_gpu_kernels() or "--device cpu"
     return f"the CPU, trainnorm's float64 reference path ({why}): exact results, not the kernels"
 
 

@@ -28,6 +28,13 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def why_no_gpu_kernels() -> str | None:
+    """Why the kernels cannot run on a GPU here, or None where they can."""
+    if not torch.cuda.is_available():
+        return "no GPU here"
+    return None if triton_installed() else "Triton is not installed"
+
+
 def cli_device(choice: str = "auto") -> str:
     """The device a command (demo, verify) runs on: "cuda" where a GPU is there and Triton
     is installed (auto), else "cpu"; an explicit "cuda" that cannot run the kernels is a
@@ -36,11 +43,10 @@ def cli_device(choice: str = "auto") -> str:
         raise ValueError(f"device must be auto, cuda or cpu, got {choice!r}")
     if choice == "cpu":
         return "cpu"
-    usable = torch.cuda.is_available() and triton_installed()
-    if choice == "cuda" and not usable:
-        why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "Triton is not installed"
+    why = why_no_gpu_kernels()
+    if choice == "cuda" and why:
         raise ValueError(f"--device cuda: the kernels cannot run here ({why})")
-    return "cuda" if usable else "cpu"
+    return "cpu" if why else "cuda"
 
 
 def runs_kernels(t: torch.Tensor) -> bool:

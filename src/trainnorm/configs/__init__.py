@@ -328,11 +328,11 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     windows = BwdWindows(atomic_min_rows=cdiv(1 << 27, hidden))
     if block_n > BWD_MAX_TILE:
         return BwdConfig(BwdTile(1, 4096, 16, min_rows_per_chunk=16, max_chunks=256), windows)
+    block_m = max(1, min(16, 2048 // block_n))          # tiles of 2048 elements
     if elt >= 4:
-        block_m = max(1, min(16, 2048 // block_n))
         return BwdConfig(BwdTile(block_m, block_n, min(16, max(4, block_m * block_n // 256)),
                                  min_rows_per_chunk=max(16, block_m), max_chunks=256), windows)
-    block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n) or max(1, min(16, 2048 // block_n))
+    block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n, block_m)
     dw_2d = block_n <= 512
     num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
     wide = block_n >= 8192
