@@ -322,13 +322,16 @@ def test_eager_adapter_dw_check_and_ops():
 def test_adapters_have_the_documented_names():
     names = [i.name for i in impls.make_impls(quack_autotune=True)]
     assert names == ["trainnorm", "trainnorm-fast", "torch-compile", "torch-compile-maxat", "quack", "quack-f32dw",
-                     "quack-autotune", "liger", "transformer-engine", "eager"]
+                     "quack-autotune", "liger", "fla", "transformer-engine", "eager"]
     block_names = [i.name for i in block.make_block_impls()]
     assert block_names == ["trainnorm", "trainnorm-fast", "torch-compile", "trainnorm-eager", "eager"]
     assert set(names) | set(block_names) == set(impls.IMPL_NAMES)
     assert "quack-autotune" not in [i.name for i in impls.make_impls()]
     liger = impls.Liger()
     assert liger.skip_reason(by_id()["H6144 T1024 res"]) and liger.skip_reason(by_id()["H6144 T1024"]) is None
+    fla = impls.Fla()    # fuses the residual and has a gated norm; no weight offset
+    stack = {r.id: r for r in shapes.stack_rows()}
+    assert fla.skip_reason(by_id()["H6144 T1024 res"]) is None and fla.skip_reason(stack["H4096 T4096 1+w"])
 
 
 # --- command line ---------------------------------------------------------------------------

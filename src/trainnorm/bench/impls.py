@@ -648,6 +648,77 @@ class Liger(Impl):
         return dw, h, rstd
 
 
+class Fla(Impl):
+    """flash-linear-attention's Triton norms (fla-core): ``fla.modules.norm.layernorm``'s
+    ``layer_norm_fwd(x, weight, bias, eps, residual, out_dtype, residual_dtype,
+    is_rms_norm) -> (y, mean, rstd, residual_out)`` and ``layer_norm_bwd(dy, x, weight,
+    bias, mean, rstd, dres, has_residual, is_rms_norm, x_dtype) -> (dx, dw, db,
+    dres_in)``, the functions its RMSNorm's autograd Function calls; gated rows take
+    ``fused_norm_gate``'s ``layer_norm_gated_fwd`` / ``layer_norm_gated_bwd`` with
+    activation "swish" (norm, then x * sigmoid(z): the gated rows' form). Its kernels
+    read contiguous rows (the Function makes inputs contiguous first): the strided
+    per-head rows are copied, and the copy is timed. The residual is fused (its
+    residual_out is h, float32 on "res r32" rows; the backward adds dh as dres). dw
+    comes back in the weight's dtype (float32 partials, one per SM, summed in float32
+    and cast). No weight offset, so no "1+w" rows."""
+
+    name = "fla"
+    description = "fla-core layer_norm_fwd / layer_norm_bwd (is_rms_norm=True), gated: layer_norm_gated_*"
+
+    def __init__(self):
+        super().__init__()
+        self.ln = None
+        self.gate = None
+
+    def available(self):
+        try:
+            self.ln = importlib.import_module("fla.modules.norm.layernorm")
+            self.gate = importlib.import_module("fla.modules.norm.fused_norm_gate")
+        except Exception as exc:  # noqa: BLE001
+            self.reason = f"not importable ({first_line(exc)})"
+            return False
+        return True
+
+    def version(self):
+        return _dist_version("fla-core", "flash-linear-attention", "fla")
+
+    def skip_reason(self, row):
+        if row.weight_offset:
+            return "no weight offset"
+        return None
+
+    def row_note(self, row):
+        if row.strided:
+            return "input made contiguous first (as fla's autograd Function does); the copy is timed"
+        return ""
+
+    @staticmethod
+    def _rows(t):
+        return None if t is None else t.reshape(-1, t.shape[-1]).contiguous()
+
+    def forward(self, d):
+        x = self._rows(d.x)
+        if d.z is not None:
+            y, _, rstd, _ = self.gate.layer_norm_gated_fwd(x, self._rows(d.z), d.w, None, "swish", EPS,
+                                                           is_rms_norm=True)
+            return y, rstd, x
+        y, _, rstd, h = self.ln.layer_norm_fwd(x, d.w, None, EPS, residual=self._rows(d.r), is_rms_norm=True)
+        return y, rstd, h
+
+    def backward(self, d, state):
+        _, rstd, h = state
+        if d.z is not None:
+            dx, _, dw, _, _ = self.gate.layer_norm_gated_bwd(d.flat(d.dy), h, self._rows(d.z), d.w, None, "swish",
+                                                             EPS, rstd=rstd, is_rms_norm=True)
+            return dx, dw
+        dx, dw, _, _ = self.ln.layer_norm_bwd(d.flat(d.dy), h, d.w, None, rstd=rstd, dres=d.flat(d.dh),
+                                              has_residual=d.r is not None, is_rms_norm=True, x_dtype=h.dtype)
+        return dx, dw
+
+    def saved(self, d, state):
+        return state[2], state[1]
+
+
 class TransformerEngine(Impl):
     """Transformer Engine's ``transformer_engine.pytorch.RMSNorm`` module, through
     autograd: fwd is the module call, bwd is ``torch.autograd.grad`` of a kept
@@ -715,7 +786,7 @@ class TransformerEngine(Impl):
 
 # every name `--impls` takes; trainnorm-eager is the eager block with trainnorm's norms (block rows only)
 IMPL_NAMES = ("trainnorm", "trainnorm-fast", "trainnorm-eager", "torch-compile", "torch-compile-maxat", "quack",
-              "quack-f32dw", "quack-autotune", "liger", "transformer-engine", "eager")
+              "quack-f32dw", "quack-autotune", "liger", "fla", "transformer-engine", "eager")
 
 
 def make_impls(quack_autotune: bool = False) -> list[Impl]:
@@ -724,5 +795,5 @@ def make_impls(quack_autotune: bool = False) -> list[Impl]:
                          Compiled("max-autotune-no-cudagraphs"), Quack(), QuackF32dw()]
     if quack_autotune:
         impls.append(QuackAutotune())
-    impls += [Liger(), TransformerEngine(), Eager()]
+    impls += [Liger(), Fla(), TransformerEngine(), Eager()]
     return impls

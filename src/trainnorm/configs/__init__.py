@@ -290,7 +290,13 @@ def default_forward(hidden: int, elt: int) -> FwdConfig:
     block_n = next_pow2(hidden)
     if block_n > FWD_MAX_TILE:
         return FwdConfig(FwdTile(1, 8192, 16))       # walked in column tiles (unmeasured)
-    block_m = max(1, min(16, 4096 // block_n))
+    # Tiles of 4096 elements. 16-bit activations take up to 64 rows a tile, float32 up to
+    # 16: at 16 rows of 64 columns the forward ran 1.11x behind 64 rows on an H100, bf16
+    # (us, bm16 w4 vs bm64 w4: 98,304 rows 15.3 vs 14.1, 393,216 rows 43.9 vs 39.4,
+    # 1,572,864 rows 156.1 vs 140.5: [T,24,64] at T 4096-65536); at 128 columns 16 and 32
+    # rows tied (131,072 rows 28.2 vs 28.1; docs/benchmarks/tune/h100-narrow.txt). Rows of
+    # 32 columns or fewer: unmeasured.
+    block_m = max(1, min(64 if elt < 4 else 16, 4096 // block_n))
     # 16-bit activations: 32 elements a thread (fewer in tiles under 4096 elements, at the
     # 4-warp minimum). At 16 a thread the forward ran behind 32 a thread at every unseen
     # width probed on an H100, bf16, T 16384 (us, 16 vs 32 a thread): H768 26.5 vs 22.9,
@@ -317,7 +323,12 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     - tiles of 512 columns or fewer sum dw over the tile's rows in float64 per element
       (dw_2d, 8 elements a thread: H128 50.1 us against 88.0 without it);
     - rows of 8192 columns 4 programs per SM over at most 132 chunks (H5376 206.5 us
-      against 217.7 at 2 per SM over 256).
+      against 217.7 at 2 per SM over 256);
+    - rows of 128 columns or fewer in tiles of 4096 elements (up to 64 rows) at 4 warps
+      (docs/benchmarks/tune/h100-narrow.txt, us, the 16-row tile -> this one: 64 columns
+      over 393,216 rows 78.6 -> 65.6 and over 1,572,864 rows 272.3 -> 226.4, [T,24,64]
+      at T 16384 and 65536; 128 columns over 131,072 rows 50.6 -> 48.3, [T,8,128] at
+      T 16384; 8 warps 65.7, 226.1 and 49.4). 32 columns or fewer: unmeasured.
     Rows wider than BWD_MAX_TILE are walked in column tiles of 4096 as before. Float32
     activations keep the earlier rule: the new one was measured at bf16 only, and with
     float32 rows its descriptor loads spill at H 4096-6144 (compile-check, Triton 3.6,
@@ -335,6 +346,9 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n, block_m)
     dw_2d = block_n <= 512
     num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
+    if block_n <= 128:
+        # narrow rows (head dims): tiles of 4096 elements, up to 64 rows, at 4 warps
+        block_m, num_warps = min(64, 4096 // block_n), 4
     wide = block_n >= 8192
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
                              max_chunks=132 if wide else 256, dw_2d=dw_2d),
