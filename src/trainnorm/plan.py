@@ -83,7 +83,7 @@ class ForwardPlan:
 
 
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
-    cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch))
+    cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))
     col_tiles = cfg.col_tiles(hidden)
     early = not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps
     return ForwardPlan(cfg, col_tiles, early, col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1)

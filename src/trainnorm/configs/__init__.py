@@ -56,7 +56,7 @@ class Key(NamedTuple):
     arch: str           # "sm_90": the table's architecture
     hidden: int
     elt: int            # activation element size in bytes (bf16 and fp16 share entries)
-    kind: str           # forward: "plain" | "weight_fp32"; backward: "plain" | "gated"
+    kind: str           # forward: "plain" | "weight_fp32" | "gated"; backward: "plain" | "gated"
 
 
 # --- the parts ---------------------------------------------------------------------------
@@ -355,6 +355,23 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
                      windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
 
 
+def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
+    """The gated forward of a width the table holds no gated forward entry for: the plain
+    tile with half the rows (twice the warps where it has one row), so each thread holds
+    half as many elements beside z and a(z).
+
+    Measured on an H100, bf16 (docs/benchmarks/tune/h100-narrow.txt; us, the plain tile ->
+    this one, and the best of 18-29 tiles): H4096 bm2 w8 -> bm1 w8 at T 4096, 16384,
+    65536: 53.6 -> 43.2, 180.4 -> 141.3, 676.3 -> 532.9 (best 42.5, 141.3, 532.9); 128
+    columns ([T,32,128] at T 4096 and 16384) bm32 w4 -> bm16 w4: 50.0 -> 41.4, 172.3 ->
+    139.9 (the best of 29). The plain tile had run 0.81-0.86x torch.compile of the gated
+    reference at H4096 (`trainnorm bench`, H100)."""
+    t = cfg.tile
+    if t.block_m >= 2:
+        return cfg.replace(block_m=t.block_m // 2)
+    return cfg.replace(num_warps=min(16, 2 * t.num_warps))
+
+
 def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
     """The gated backward of a width the table measured only without a gate.
 
@@ -411,8 +428,9 @@ def table_arch(arch: str | None) -> str:
     return arch if arch in table.archs() else DEFAULT_ARCH
 
 
-def forward_key(hidden: int, elt: int, weight_elt: int | None = None, arch: str | None = None) -> Key:
-    kind = "weight_fp32" if weight_elt == 4 and elt < 4 else "plain"
+def forward_key(hidden: int, elt: int, weight_elt: int | None = None, arch: str | None = None,
+                gated: bool = False) -> Key:
+    kind = "gated" if gated else "weight_fp32" if weight_elt == 4 and elt < 4 else "plain"
     return Key(table_arch(arch), hidden, elt, kind)
 
 
@@ -424,9 +442,11 @@ def backward_key(hidden: int, elt: int, gated: bool = False, arch: str | None = 
 def _forward(key: Key) -> FwdConfig:
     from . import table
     cfg = table.lookup("forward", key)
-    if cfg is None and key.kind != "plain":
-        cfg = table.lookup("forward", key._replace(kind="plain"))   # a float32 weight: the plain tile
-    return cfg or default_forward(key.hidden, key.elt)
+    if cfg is None:
+        # a float32 weight: the plain tile; a gate: the plain tile halved
+        plain = table.lookup("forward", key._replace(kind="plain")) or default_forward(key.hidden, key.elt)
+        cfg = gated_forward_from_plain(plain) if key.kind == "gated" else plain
+    return cfg
 
 
 @lru_cache(maxsize=None)

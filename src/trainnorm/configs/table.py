@@ -6,7 +6,7 @@
 
 `elt` is the activation element size in bytes; `kind` is the variant's table
 ("plain", "weight_fp32" for the forward with a float32 weight and 16-bit
-activations, "gated" for the gated backward). `notes` carry the measurements
+activations, "gated" for the gated forms). `notes` carry the measurements
 that chose the entry (times, the candidates it beat, why an entry overrules
 its sweep); `method` says how the table was measured. Parts not given take
 their defaults (configs.FwdSchedule(), ...).
