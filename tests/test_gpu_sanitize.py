@@ -43,7 +43,7 @@ def _run(case, deterministic, weight=True, workspace=None):
     ((9,), 20000, False, True, False, "partial"),      # forward column tiles too (H > 16384)
     ((3,), 65536, True, True, True, "partial"),        # the widest row
     ((16,), 1, True, True, False, "direct"),           # H = 1
-    ((17,), 1, False, True, False, "atomic"),          # H = 1, two chunks
+    ((80,), 1, False, True, False, "atomic"),          # H = 1, two chunks (of 64 rows)
     ((70,), 1000, True, True, False, "partial"),       # odd width, fp32 weight below
 ])
 def test_forms(lead, hidden, deterministic, weight, residual, form):
