@@ -681,6 +681,45 @@ def test_two_piece_configs():
         cfg.col_tiles(5121)
 
 
+def test_gated_forward_has_its_own_key(monkeypatch):
+    # a gated launch looks up the "gated" forward key: a table entry where one is measured,
+    # else the plain tile with half the rows (twice the warps at one row); plain launches
+    # keep the plain tile
+    from trainnorm.configs import table
+    from trainnorm.variant import Variant
+    gate, none = Variant(gate="silu"), Variant()
+    for hidden in (64, 128, 1000, 4096, 5120, 6144):
+        plain = configs.forward_config(configs.forward_key(hidden, 2))
+        gated = configs.forward_config(configs.forward_key(hidden, 2, gated=True))
+        half = (plain.replace(block_m=plain.block_m // 2) if plain.block_m >= 2 else
+                plain.replace(num_warps=min(16, 2 * plain.num_warps)))
+        assert gated == half != plain, hidden
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, gate).cfg == gated
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, none).cfg == plain
+    entry = configs.FwdConfig.from_fields(block_m=4, block_n=4096, num_warps=16)
+    lookup = table.lookup
+    monkeypatch.setattr(table, "lookup", lambda op, key: entry if (op, key.kind) == ("forward", "gated")
+                        else lookup(op, key))
+    configs.clear_caches()
+    plan.clear_caches()
+    try:
+        assert configs.forward_config(configs.forward_key(4096, 2, gated=True)) == entry
+        assert configs.forward_config(configs.forward_key(4096, 2)) != entry
+    finally:
+        monkeypatch.undo()
+        configs.clear_caches()
+        plan.clear_caches()
+
+
+def test_narrow_rows_take_tiles_of_4096_elements():
+    # 16-bit rows of 128 columns or fewer: up to 64 rows a tile, 4 warps (the rules'
+    # measurements: docs/benchmarks/tune/h100-narrow.txt); float32 keeps 16 rows
+    for hidden, rows in ((64, 64), (96, 32), (128, 32), (16, 64)):
+        f, b = configs.default_forward(hidden, 2), configs.default_backward(hidden, 2)
+        assert (f.block_m, f.num_warps) == (rows, 4) and (b.block_m, b.num_warps, b.dw_2d) == (rows, 4, True)
+    assert configs.default_forward(64, 4).block_m == 16 and configs.default_backward(64, 4).block_m == 16
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_split_roles_and_loop_stages_same_bits(device, use_configs, gated):
     # the column-slice form's programs taking one role each (split_roles), and the row loop
