@@ -696,6 +696,9 @@ def test_gated_forward_has_its_own_key(monkeypatch):
         assert gated == half != plain, hidden
         assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, gate).cfg == gated
         assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, none).cfg == plain
+        # a float32 weight keeps the weight_fp32 lookup, gated or not (the rule: 16-bit weights)
+        w32 = plan.forward_plan(hidden, torch.bfloat16, torch.float32, none).cfg
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.float32, gate).cfg == w32
     entry = configs.FwdConfig.from_fields(block_m=4, block_n=4096, num_warps=16)
     lookup = table.lookup
     monkeypatch.setattr(table, "lookup", lambda op, key: entry if (op, key.kind) == ("forward", "gated")

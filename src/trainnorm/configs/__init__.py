@@ -356,9 +356,10 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
 
 
 def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
-    """The gated forward of a width the table holds no gated forward entry for: the plain
-    tile with half the rows (twice the warps where it has one row), so each thread holds
-    half as many elements beside z and a(z).
+    """The gated forward (16-bit weight) of a width the table holds no gated forward entry
+    for: the plain tile with half the rows (twice the warps where it has one row), so each
+    thread holds half as many elements beside z and a(z). A float32 weight keeps the
+    weight_fp32 lookup, gate or not (forward_key): not measured with a gate.
 
     Measured on an H100, bf16 (docs/benchmarks/tune/h100-narrow.txt; us, the plain tile ->
     this one, and the best of 18-29 tiles): H4096 bm2 w8 -> bm1 w8 at T 4096, 16384,
@@ -430,7 +431,9 @@ def table_arch(arch: str | None) -> str:
 
 def forward_key(hidden: int, elt: int, weight_elt: int | None = None, arch: str | None = None,
                 gated: bool = False) -> Key:
-    kind = "gated" if gated else "weight_fp32" if weight_elt == 4 and elt < 4 else "plain"
+    # a float32 weight keeps its own entries with a gate too: the gated rule below was
+    # measured with 16-bit weights only
+    kind = "weight_fp32" if weight_elt == 4 and elt < 4 else "gated" if gated else "plain"
     return Key(table_arch(arch), hidden, elt, kind)
 
 
