@@ -623,6 +623,19 @@ def test_quack_f32dw_without_quack_says_why():
     assert not impl.available() and "not importable" in impl.reason
 
 
+def test_peer_modules_land_in_their_attributes(monkeypatch):
+    import sys
+    import types
+    ln, gate = types.ModuleType("fla.modules.norm.layernorm"), types.ModuleType("fla.modules.norm.fused_norm_gate")
+    monkeypatch.setitem(sys.modules, "fla.modules.norm.layernorm", ln)
+    monkeypatch.setitem(sys.modules, "fla.modules.norm.fused_norm_gate", gate)
+    fla = impls.Fla()
+    assert fla.available() and fla.ln is ln and fla.gate is gate and not fla.reason
+    monkeypatch.setitem(sys.modules, "fla.modules.norm.fused_norm_gate", None)   # import fails
+    fla = impls.Fla()
+    assert not fla.available() and "not importable" in fla.reason
+
+
 # --- the decoder block (CPU, tiny) -----------------------------------------------------------
 
 TINY = block.BlockConfig(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)

@@ -243,7 +243,18 @@ class Impl:
     def __init__(self):
         self.reason = ""
 
+    # a peer's (attribute, module) pairs: available() imports each module into its attribute
+    # (import_module: a package attribute cannot shadow a submodule, as QuACK's function
+    # rmsnorm shadows quack.rmsnorm)
+    modules: tuple[tuple[str, str], ...] = ()
+
     def available(self) -> bool:
+        for attr, module in self.modules:
+            try:
+                setattr(self, attr, importlib.import_module(module))
+            except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+                self.reason = f"not importable ({first_line(exc)})"
+                return False
         return True
 
     def version(self) -> str | None:
@@ -427,20 +438,8 @@ class Quack(Impl):
     name = "quack"
     description = "QuACK rmsnorm_fwd / rmsnorm_bwd, heuristic config"
 
-    def __init__(self):
-        super().__init__()
-        self.qr = None
-
-    def available(self):
-        try:
-            # import_module, not `import quack.rmsnorm as qr`: the package exports a
-            # function named rmsnorm that shadows the submodule as an attribute
-            qr = importlib.import_module("quack.rmsnorm")
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
-            self.reason = f"not importable ({first_line(exc)})"
-            return False
-        self.qr = qr
-        return True
+    modules = (("qr", "quack.rmsnorm"),)
+    qr = None
 
     def version(self):
         try:
@@ -592,19 +591,11 @@ class Liger(Impl):
     name = "liger"
     description = 'Liger-Kernel rms_norm_forward / rms_norm_backward, casting_mode="gemma"'
 
+    modules = (("ops", "liger_kernel.ops.rms_norm"),)
+
     def __init__(self):
         super().__init__()
-        self.ops = None
         self.dy = None
-
-    def available(self):
-        try:
-            import liger_kernel.ops.rms_norm as ops
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"not importable ({first_line(exc)})"
-            return False
-        self.ops = ops
-        return True
 
     def version(self):
         return _dist_version("liger-kernel", "liger_kernel")
@@ -665,19 +656,7 @@ class Fla(Impl):
     name = "fla"
     description = "fla-core layer_norm_fwd / layer_norm_bwd (is_rms_norm=True), gated: layer_norm_gated_*"
 
-    def __init__(self):
-        super().__init__()
-        self.ln = None
-        self.gate = None
-
-    def available(self):
-        try:
-            self.ln = importlib.import_module("fla.modules.norm.layernorm")
-            self.gate = importlib.import_module("fla.modules.norm.fused_norm_gate")
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"not importable ({first_line(exc)})"
-            return False
-        return True
+    modules = (("ln", "fla.modules.norm.layernorm"), ("gate", "fla.modules.norm.fused_norm_gate"))
 
     def version(self):
         return _dist_version("fla-core", "flash-linear-attention", "fla")
@@ -730,21 +709,12 @@ class TransformerEngine(Impl):
 
     name = "transformer-engine"
     description = "transformer_engine.pytorch.RMSNorm (autograd)"
+    modules = (("te", "transformer_engine.pytorch"),)
 
     def __init__(self):
         super().__init__()
-        self.te = None
         self.mod = None
         self.x = None
-
-    def available(self):
-        try:
-            import transformer_engine.pytorch as te
-        except Exception as exc:  # noqa: BLE001
-            self.reason = f"not importable ({first_line(exc)})"
-            return False
-        self.te = te
-        return True
 
     def version(self):
         try:
