@@ -218,4 +218,13 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert got["configs"]["rule"] == configs.default_backward(hidden, 2).fields()
         assert set(raw[f"fwd H{hidden} rows {rows}"]["times"]) == set(fwd)
         assert {"w/2", "plain loads", "two pieces" if hidden == 96 else "no dw_2d"} <= set(bwd)
+    # the gated forward's rule against the plain tile and its edits, at a width the table holds too
+    tune.probe_gated_forward(run, ((4096, 3), (96, 40)))
+    raw = json.loads((tmp_path / "probe-defaults.json").read_text())
+    for hidden, rows in ((4096, 3), (96, 40)):
+        got = raw[f"gated fwd H{hidden} rows {rows}"]
+        cands = tune.gated_forward_edits(hidden)
+        assert set(got["times"]) == set(cands) and {"rule", "plain tile", "w/2"} <= set(cands)
+        assert got["configs"]["rule"] == configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields()
+        assert got["configs"]["plain tile"] == configs.forward_config(configs.forward_key(hidden, 2)).fields()
     assert not (tmp_path / "sm_90.json").exists()

@@ -38,8 +38,11 @@ and, at the bench's float32-weight widths, the "weight_fp32" ones.
 defaults' configs (configs.default_backward / default_forward) against single
 edits of them (half or twice the warps or the rows, the loads, dw_2d, programs
 per SM and chunks, a row in two pieces): whether the rules are at a local best.
-It writes only the raw times (probe-defaults.json) and the log: the rules are
-code, and their comments cite the times that chose them.
+It also times the gated forward's rule (configs.gated_forward_from_plain: the
+plain tile with half the rows) against the plain tile and single edits, at
+GATED_PROBE_CASES (widths the table holds too: the rule serves every gated
+forward). It writes only the raw times (probe-defaults.json) and the log: the
+rules are code, and their comments cite the times that chose them.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -674,6 +677,46 @@ def default_edits(hidden: int) -> tuple[dict, dict]:
     return bwd, fwd
 
 
+# the gated forward's rule, at the gated rows of the bench: H 4096 and [T,32,128] (rows = T x 32)
+GATED_PROBE_CASES = ((4096, 16384), (4096, 65536), (128, 131072), (128, 524288))
+
+
+def gated_forward_edits(hidden: int) -> dict:
+    """{name: FwdConfig} of the gated forward (16-bit weight): the rule's config ("rule"),
+    the plain tile it is derived from, and single edits of the rule (warps, rows per tile)."""
+    plain = configs.forward_config(configs.forward_key(hidden, ELT))
+    rule = configs.gated_forward_from_plain(plain)
+    t = rule.tile
+    out = {"rule": rule, "plain tile": plain}
+    for name, ok, kw in (("w/2", t.num_warps >= 2, dict(num_warps=t.num_warps // 2)),
+                         ("w*2", t.num_warps <= 8, dict(num_warps=2 * t.num_warps)),
+                         ("bm/2", t.block_m >= 2, dict(block_m=t.block_m // 2)),
+                         ("bm*2", t.block_m * t.block_n <= 16384, dict(block_m=2 * t.block_m))):
+        if ok and rule.replace(**kw) != plain:
+            out[name] = rule.replace(**kw)
+    return out
+
+
+def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
+    """Time the gated forward's rule against the plain tile and its edits (bf16), each
+    case's candidates interleaved; raw times to probe-defaults.json."""
+    for hidden, rows in cases:
+        x, z = (torch.randn(rows, hidden, device=run.device).to(torch.bfloat16) for _ in range(2))
+        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+        cands = gated_forward_edits(hidden)
+        fns = {name: (lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "gated", z=z)) for name, cfg in cands.items()}
+        outs = {name: fn()[:1] for name, fn in fns.items()}
+        _drop_disagreeing(run, fns, outs, f"gated fwd H{hidden} rows {rows}")
+        t = time_fns(fns, run.flush)
+        run.log(f"gated fwd H{hidden} rows {rows}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items(),
+                                                                                                 key=lambda kv: kv[1])))
+        run.raw[f"gated fwd H{hidden} rows {rows}"] = {"times": t, "configs": {k: cands[k].fields() for k in t}}
+        run.save("probe-defaults.json")
+        del x, z, w, fns, outs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
     """Time the rules' configs against their edits (bf16, deterministic backward), each
     case's candidates interleaved; raw times to probe-defaults.json. Writes no table: the
@@ -776,8 +819,9 @@ def main(argv=None) -> int:
     try:
         if args.probe_defaults:
             cases = ([tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases
-                     else PROBE_CASES)
-            probe_defaults(run, cases)
+                     else None)
+            probe_defaults(run, cases or PROBE_CASES)
+            probe_gated_forward(run, cases or GATED_PROBE_CASES)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
