@@ -343,14 +343,15 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     if elt >= 4:
         return BwdConfig(BwdTile(block_m, block_n, min(16, max(4, block_m * block_n // 256)),
                                  min_rows_per_chunk=max(16, block_m), max_chunks=256), windows)
-    block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n, block_m)
     dw_2d = block_n <= 512
-    num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
     if block_n <= 128:
         # narrow rows (head dims): tiles of 4096 elements, up to 64 rows, at 4 warps (a float32
         # residual stream under this 16-bit key spills 8 bytes a thread at 128 columns:
         # compile-check, Triton 3.6; 8 warps ran 2% behind with bf16, 49.4 against 48.3 us)
         block_m, num_warps = min(64, 4096 // block_n), 4
+    else:
+        block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n, block_m)
+        num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
     wide = block_n >= 8192
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
                              max_chunks=132 if wide else 256, dw_2d=dw_2d),

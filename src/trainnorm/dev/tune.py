@@ -707,14 +707,18 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
         fns = {name: (lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "gated", z=z)) for name, cfg in cands.items()}
         outs = {name: fn()[:1] for name, fn in fns.items()}
         _drop_disagreeing(run, fns, outs, f"gated fwd H{hidden} rows {rows}")
-        t = time_fns(fns, run.flush)
-        run.log(f"gated fwd H{hidden} rows {rows}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items(),
-                                                                                                 key=lambda kv: kv[1])))
-        run.raw[f"gated fwd H{hidden} rows {rows}"] = {"times": t, "configs": {k: cands[k].fields() for k in t}}
-        run.save("probe-defaults.json")
+        _record_probe(run, f"gated fwd H{hidden} rows {rows}", time_fns(fns, run.flush), cands)
         del x, z, w, fns, outs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _record_probe(run: Run, what: str, times: dict, cands: dict) -> None:
+    """Log a probe's times (fastest first) and keep them, with each timed config's fields,
+    in probe-defaults.json."""
+    run.log(f"{what}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+    run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
+    run.save("probe-defaults.json")
 
 
 def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
@@ -741,11 +745,7 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
         _drop_disagreeing(run, fns, outs, f"fwd H{hidden} rows {rows}")
         times["fwd"] = time_fns(fns, run.flush)
         for op, t in times.items():
-            run.log(f"{op} H{hidden} rows {rows}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t.items(),
-                                                                                               key=lambda kv: kv[1])))
-            run.raw[f"{op} H{hidden} rows {rows}"] = {"times": t, "configs": {
-                k: (bwd if op == "bwd" else fwd)[k].fields() for k in t}}
-        run.save("probe-defaults.json")
+            _record_probe(run, f"{op} H{hidden} rows {rows}", t, bwd if op == "bwd" else fwd)
         del x, w, dy, rstd, fns, outs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
