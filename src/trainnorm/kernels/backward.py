@@ -64,7 +64,7 @@ batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, load_weight, round_to, row_offsets
+from .common import INTERPRETED, load_weight, negated, round_to, row_offsets
 from .gate import gate_activation, load_gate
 
 
@@ -93,7 +93,13 @@ def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, D
                        n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr,
                        GATE_FIRST: tl.constexpr):
     """dx (+ dh) and, with a gate, dz of a tile (rows o_m, columns o_c), rounded and stored."""
-    b_dx = b_rstd[:, None] * (b_g - b_xhat * b_c[:, None])
+    # g - xhat * c and rstd * (...) + dh are written as the fused multiply-adds they
+    # compile to: left to the compiler, whether a product is fused depends on the code
+    # around it (with h read through a tensor descriptor, a float32 dx and dh, the
+    # product crossed a layout conversion before the add and was rounded on its own),
+    # and dx's bits would depend on the load form
+    b_t = tl.fma(b_xhat, negated(b_c)[:, None], b_g)
+    b_dx = b_rstd[:, None] * b_t
     b_dz = b_dx
     if GATE is not None:
         if GATE_FIRST:
@@ -106,7 +112,11 @@ def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, D
                 b_dz = b_dy * b_xhat * b_da
     if DH is not None:
         o_dh = row_offsets(o_m, NH, stride_dht, stride_dhh, TWO_LEVEL)[:, None] + o_c[None, :]
-        b_dx += tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
+        b_dh = tl.load(DH + o_dh, mask=mask, other=0.0).to(tl.float32)
+        if GATE is not None and GATE_FIRST:
+            b_dx += b_dh
+        else:
+            b_dx = tl.fma(b_rstd[:, None], b_t, b_dh)
     o_dx = (o_m.to(tl.int64) * n_cols)[:, None] + o_c[None, :]
     tl.store(DX + o_dx, round_to(b_dx, DX.dtype.element_ty), mask=mask)
     if DR is not None:

@@ -24,6 +24,13 @@ def row_offsets(o_m, NH, stride_t, stride_h, TWO_LEVEL: tl.constexpr):
 
 
 @triton.jit
+def negated(b):
+    """-b of float32 b, exactly: the sign bit flipped (Triton's unary minus is 0 - b, which
+    turns -0 into +0)."""
+    return (b.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def round_to(b, DTYPE: tl.constexpr):
     """Round float32 to DTYPE, to nearest even.
 
