@@ -363,27 +363,63 @@ def test_tma_needs_16_byte_block_rows(device, monkeypatch, hidden, gated):
     assert bool(made) == (cfg.block_n * 2 >= 16)
 
 
-@pytest.mark.parametrize("streams", ["bf16 dy, bf16 h", "fp32 dy, fp32 h", "bf16 dy, fp32 h"])
-def test_tma_only_at_the_keys_element_size(device, monkeypatch, streams):
-    # the stages are sized for the key's (x's) element size: a float32 stream under bf16 x
-    # (dy of a float32 y, h of a float32 residual stream) would need twice the shared
-    # memory (296 KiB at H 5120-6144, over sm_90's 227 KiB): plain loads, same bits
+@pytest.mark.parametrize("streams,stages,expect", [("bf16 dy, bf16 h", 3, 3), ("bf16 dy, fp32 h", 3, 2),
+                                                    ("bf16 dy, fp32 h", 4, 2), ("fp32 dy, fp32 h", 3, 0),
+                                                    ("fp32 dy, fp32 h", 4, 2)])
+def test_descriptor_stages_keep_the_footprint(device, monkeypatch, streams, stages, expect):
+    # the config's stages are sized for the key's (x's) element size: a float32 stream
+    # under bf16 x (h of a float32 residual stream, dy of a float32 y) makes each stage
+    # wider, so fewer are pipelined in the same shared memory (4 bf16 stages of dy and h:
+    # 2 with h or both in float32), and under 2 none (plain loads); every form, the same bits
     hidden, rows = 96, 30
     dy_dtype, h_dtype = ({"bf16": torch.bfloat16, "fp32": torch.float32}[s.split()[0]] for s in streams.split(", "))
     gen = torch.Generator(device=device).manual_seed(31)
     dy = torch.randn(rows, hidden, generator=gen, device=device).to(dy_dtype)
     h = torch.randn(rows, hidden, generator=gen, device=device).to(h_dtype)
+    dh = torch.randn(rows, hidden, generator=gen, device=device).to(h_dtype)
     w = torch.randn(hidden, generator=gen, device=device).to(torch.bfloat16)
     rstd = torch.rand(rows, generator=gen, device=device) + 0.5
     spec = "x:bf16" if h_dtype == torch.float32 else ""
     made = record_descriptors(monkeypatch)
+    real, seen = dispatch.descriptor_stages, []
+    monkeypatch.setattr(dispatch, "descriptor_stages", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     outs = []
-    for stages in (0, 3):
-        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=stages)):
-            outs.append(torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, None, None, spec, True, True, None))
-    assert bool(made) == (streams == "bf16 dy, bf16 h"), f"descriptors made: {len(made)}"
+    for st in (0, stages):
+        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=st, prefetch=False)):
+            outs.append(torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh, None, spec, True, True, None))
+    assert seen == [0, expect]
+    assert len(made) == (2 if expect else 0), f"descriptors made: {len(made)}"
     for a, b in zip(*outs):
-        assert_bits_equal(a, b, "tma_stages asked for vs off")
+        assert_bits_equal(a, b, f"{expect} stages vs plain loads")
+
+
+@pytest.mark.parametrize("hidden", [96, 4096])
+def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
+    # the explicit backward sees only h (float32) and dy (bf16): its tiles follow dy's
+    # 16-bit dtype, as the autograd path's follow x's, so both give the same dw bits (and
+    # dx: the stream's gradient), and the workspace is sized for x's dtype
+    rows = 300
+    key16 = bwd_plan(rows, hidden, torch.bfloat16, True, True)
+    key32 = bwd_plan(rows, hidden, torch.float32, True, True)
+    assert (key16.num_chunks, key16.cfg.tile) != (key32.num_chunks, key32.cfg.tile), "the keys' plans differ"
+    case = make_case("outlier", (rows,), hidden, seed=37, device=device)
+    r = 4 * torch.randn(case.x.shape, device=device)
+    dh = torch.randn(case.x.shape, device=device)
+    x = case.x.clone().requires_grad_()
+    res = r.clone().requires_grad_()
+    w = case.weight.clone().requires_grad_()
+    y, h = trainnorm.rms_norm(x, w, EPS, residual=res)
+    torch.autograd.backward((y, h), (case.dy, dh))
+    _, rstd, h2 = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=r)
+    ws = trainnorm.backward_workspace(rows, hidden, dtype=case.x.dtype, device=device)
+    assert ws.numel() == key16.workspace_bytes
+    dx, dw = trainnorm.rms_norm_backward(case.dy, h2, case.weight, rstd, dh=dh, workspace=ws)
+    odx, odw, _, odres = torch.ops.trainnorm.rms_norm_bwd(case.dy, h2, case.weight, rstd, dh, None, "x:bf16",
+                                                          True, True, None)
+    assert dx.dtype == torch.float32
+    assert_bits_equal(dx, res.grad, "explicit dx vs the stream's gradient through autograd")
+    assert_bits_equal(dw, odw, "explicit dw vs the op's under x:bf16")
+    assert_bits_equal(dw.to(w.grad.dtype), w.grad, "explicit dw vs autograd's")
 
 
 FWD_FORMS = {"plain": {}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}

@@ -124,8 +124,15 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
         dw = out[1].float() if need_dw else h.new_empty(0, dtype=torch.float32)
         return dx, dw, dz, dres
 
-    # the tile is keyed on x's dtype (a float32 residual stream reads h in float32 with it)
-    plan = backward_plan(rows, hidden, x_dtype, variant, deterministic, need_dw, arch_of(h.device))
+    # The tile is keyed on the narrowest activation stream: x's dtype, or dy's where that is
+    # narrower. A float32 residual stream under 16-bit x reads h (and dh) in float32 beside
+    # dy in x's 16-bit dtype, through either entry point: the explicit backward, which sees
+    # only h, would otherwise key it on float32, whose tiles (one row, plain loads) ran it at
+    # 2.3-5.5x the bf16 residual pair's time against 1.5-2.0x on the 16-bit key (H200,
+    # H 1024-8192, T 4096-65536: docs/benchmarks/tune/h200-stream.txt). Both entry points
+    # then give the same dw bits.
+    key_dtype = dy.dtype if dy.dtype.itemsize < x_dtype.itemsize else x_dtype
+    plan = backward_plan(rows, hidden, key_dtype, variant, deterministic, need_dw, arch_of(h.device))
     dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
     partial, counter = _workspace(plan, workspace, rows, h.device)
     nh, views = row_views(dy, h, dh, gate)
@@ -133,7 +140,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     rstd = rstd.reshape(-1)
     cfg = plan.cfg
     prefetch, stages = plan.loads()
-    stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=x_dtype.itemsize,
+    stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=key_dtype.itemsize,
                                 block_n=cfg.block_n)
     if stages:
         desc_dy, desc_h = (row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)

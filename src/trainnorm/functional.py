@@ -284,7 +284,9 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
         if workspace.data_ptr() % 8:
             raise ValueError("workspace must start at an 8-byte aligned address (it holds float64 "
                              "partials); a slice of backward_workspace() at an offset of 8k bytes is")
-        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=h.dtype,
+        # sized for the backward's key: the narrower of h's and dy's dtypes (dispatch.backward)
+        key_dtype = dy.dtype if dy.dtype.itemsize < h.dtype.itemsize else h.dtype
+        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=key_dtype,
                                         gated=gated, device=h.device)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "
@@ -295,8 +297,10 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
 def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, dtype=torch.bfloat16,
                              gated=False) -> int:
     """Bytes of scratch the backward needs for `rows` rows of width `hidden`
-    and activations of `dtype` (0 when it needs none); gated=True sizes it for
-    rms_norm_gated_backward, whose tiles (and so chunking) may differ."""
+    and activations of `dtype` (0 when it needs none): x's dtype, also under a
+    float32 residual stream (the backward's tiles follow the narrower of h's and
+    dy's dtypes); gated=True sizes it for rms_norm_gated_backward, whose tiles
+    (and so chunking) may differ."""
     for name, v in (("rows", rows), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")

@@ -169,27 +169,29 @@ def _tma_capable(device: torch.device) -> bool:
 
 
 def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, block_n: int) -> int:
-    """`stages` where the rows can be read through tensor descriptors (rows that fit
-    one tile, one level, base and row stride 16-byte aligned, a block row of at
-    least 16 bytes: the bulk copy's rules), else 0. views: (tensor, row stride)
-    pairs, None for an absent tensor; elt: the element size the config was chosen
-    for (its key's); block_n: the tile's columns. The layout is only inspected when
-    a config asks for them."""
+    """How deep to pipeline rows read through tensor descriptors, 0 where they cannot be
+    (rows that fit one tile, one level, base and row stride 16-byte aligned, a block row
+    of at least 16 bytes: the bulk copy's rules). views: (tensor, row stride) pairs, None
+    for an absent tensor; stages: the config's depth, chosen for streams of elt bytes
+    (its key's); block_n: the tile's columns. The layout is only inspected when a config
+    asks for them."""
     if not stages or col_tiles != 1 or nh != 1 or block_n * elt < 16:
         return 0
-    for t, stride in views:
-        if t is None:
-            continue
+    present = [(t, stride) for t, stride in views if t is not None]
+    for t, stride in present:
         e = t.element_size()
-        # The configs size their shared-memory stages for the key's element size;
-        # a float32 stream read under a 16-bit key (a float32 residual stream, dy of a
-        # float32 y) needs twice the bytes per stage: 296 KiB at H 5120-6144 with 4
-        # stages, over sm_90's 227 KiB per block. Plain loads then.
-        if e != elt:
-            return 0
         if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
             return 0
-    return stages
+    # The config's shared memory is `stages` tiles of every stream at the key's element
+    # size. A float32 stream under a 16-bit key (a float32 residual stream, dy of a
+    # float32 y) makes each stage wider; keep the footprint (and so the programs per
+    # SM the config was timed with) and pipeline fewer tiles: 4 bf16 stages of dy and
+    # h become 2 with h in float32 (4 deep asked 296 KiB at H 5120-6144 with both in
+    # float32, over sm_90's 227 KiB per block). Under 2 tiles in flight nothing is
+    # pipelined: plain loads then. Every load form computes the same bits
+    # (kernels/backward.py writes its multiply-adds out).
+    fit = min(stages, stages * elt * len(present) // sum(t.element_size() for t, _ in present))
+    return fit if fit >= 2 else 0
 
 
 def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):

@@ -320,9 +320,9 @@ class Trainnorm(Impl):
         return trainnorm.__version__
 
     def begin_row(self, d):
-        # sized for h's dtype: float32 on "res r32" rows
+        # sized for x's dtype, as the README says (also on "res r32" rows)
         self.ws = trainnorm.backward_workspace(d.row.rows, d.hidden, deterministic=self.deterministic,
-                                               device=d.x.device, dtype=d.stream_dtype, gated=d.z is not None)
+                                               device=d.x.device, dtype=d.x.dtype, gated=d.z is not None)
 
     def end_row(self):
         self.ws = None
