@@ -393,6 +393,23 @@ def test_descriptor_stages_keep_the_footprint(device, monkeypatch, streams, stag
         assert_bits_equal(a, b, f"{expect} stages vs plain loads")
 
 
+def test_forward_reads_a_float32_stream_plainly(device, monkeypatch):
+    # the forward keeps plain loads for a float32 residual beside bf16 x even where its
+    # config asks for descriptors (only the backward's descriptor form of the stream was
+    # measured); a bf16 residual of the same layout is read through them
+    hidden = 96
+    x = torch.randn(41, hidden, device=device).to(torch.bfloat16)
+    r = torch.randn(41, hidden, device=device)
+    w = torch.randn(hidden, device=device).to(torch.bfloat16)
+    made = record_descriptors(monkeypatch)
+    with configs.override(forward=fwd_config(hidden).replace(tma_stages=3)):
+        y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS, residual=r)
+        assert not made
+        check_forward(x, w, EPS, r, y, rstd, h)
+        trainnorm.rms_norm_forward(x, w, EPS, residual=r.to(torch.bfloat16))
+    assert len(made) == 2
+
+
 @pytest.mark.parametrize("hidden", [96, 4096])
 def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
     # the explicit backward sees only h (float32) and dy (bf16): its tiles follow dy's

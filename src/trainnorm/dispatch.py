@@ -56,8 +56,11 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
                   num_warps=cfg.num_warps)
     with device_guard(x):
         if plan.one_tile:
-            stages = descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt), elt=x.element_size(),
-                                       block_n=cfg.block_n)
+            # a float32 residual stream beside 16-bit x: plain loads (the backward's
+            # descriptor form of that stream was measured, not the forward's)
+            mixed = rv is not None and rv.element_size() != x.element_size()
+            stages = 0 if mixed else descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt),
+                                                       elt=x.element_size(), block_n=cfg.block_n)
             tiles = cdiv(rows, cfg.block_m)
             if stages:
                 desc_x = row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
@@ -128,9 +131,9 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     # narrower. A float32 residual stream under 16-bit x reads h (and dh) in float32 beside
     # dy in x's 16-bit dtype, through either entry point: the explicit backward, which sees
     # only h, would otherwise key it on float32, whose tiles (one row, plain loads) ran it at
-    # 2.3-5.5x the bf16 residual pair's time against 1.5-2.0x on the 16-bit key (H200,
-    # H 1024-8192, T 4096-65536: docs/benchmarks/tune/h200-stream.txt). Both entry points
-    # then give the same dw bits.
+    # 1.8-5.5x the bf16 residual pair's time, against 1.6-2.3x on the 16-bit key's tiles
+    # with plain loads and 1.4-1.7x with descriptor loads (H200, H 1024-8192, T 4096-65536:
+    # docs/benchmarks/tune/h200-stream.txt). Both entry points then give the same dw bits.
     key_dtype = dy.dtype if dy.dtype.itemsize < x_dtype.itemsize else x_dtype
     plan = backward_plan(rows, hidden, key_dtype, variant, deterministic, need_dw, arch_of(h.device))
     dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)

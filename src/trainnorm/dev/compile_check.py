@@ -6,8 +6,9 @@ recorders), each launch specialised as Triton's JIT specialises it on the
 GPU (its own binder: pointer and integer alignment, integers equal to 1,
 absent tensors passed as constexpr None, tensor descriptors), then compiles
 each distinct form with Triton for an sm_90 target and runs Triton's bundled
-ptxas with -v on the PTX: registers and spill bytes per form. A form that does
-not compile, or that spills, is reported and the exit status is 1.
+ptxas with -v on the PTX: registers, spill bytes and shared memory per form. A
+form that does not compile, that spills or that asks for more shared memory than
+one block may have is reported and the exit status is 1.
 
     python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces]
 
@@ -329,8 +330,14 @@ def label(form) -> str:
     return text
 
 
-def compile_form(form, arch: int, target) -> tuple[int, int, int]:
-    """(registers, spill bytes, bulk tensor copies in the PTX) of one recorded form."""
+# shared memory one block may use (opt-in), bytes: a form asking for more fails at launch
+# ("out of resource: shared memory"), which no CPU run of the package would see
+SHARED_LIMIT = {90: 232448, 100: 232448, 80: 166912, 89: 101376, 86: 101376}
+
+
+def compile_form(form, arch: int, target) -> tuple[int, int, int, int]:
+    """(registers, spill bytes, bulk tensor copies in the PTX, shared memory bytes) of one
+    recorded form."""
     import triton
     from triton.compiler import ASTSource
     kernel, signature, constexprs, attrs, options, _, _ = form
@@ -340,7 +347,7 @@ def compile_form(form, arch: int, target) -> tuple[int, int, int]:
     regs, spill, text = ptxas_report(ptx, arch)
     if regs < 0:
         raise RuntimeError(f"ptxas gave no register count: {text.strip()[:200]}")
-    return regs, spill, ptx.count("cp.async.bulk.tensor")
+    return regs, spill, ptx.count("cp.async.bulk.tensor"), compiled.metadata.shared
 
 
 _FORMS: list = []        # the forms a forked worker compiles, by index
@@ -420,13 +427,16 @@ def main(argv=None) -> int:
             bad += 1
             print(f"  FAILED  {text}: {err}", flush=True)
             continue
-        regs, spill, bulk = res
+        regs, spill, bulk, shared = res
+        over = shared > SHARED_LIMIT.get(args.arch, shared)
         flag = "  SPILLS" if spill else ""
+        if over:
+            flag += f"  SHARED MEMORY over {SHARED_LIMIT[args.arch]}"
         if bulk:
             flag += f"  bulk copies {bulk}"
-        bad += bool(spill)
-        print(f"  regs {regs:>3} spill {spill:>5}  {text}{flag}", flush=True)
-    print("compile check:", "OK" if not bad else f"{bad} forms failed or spill")
+        bad += bool(spill) or over
+        print(f"  regs {regs:>3} spill {spill:>5} shared {shared:>6}  {text}{flag}", flush=True)
+    print("compile check:", "OK" if not bad else f"{bad} forms failed, spill or ask for too much shared memory")
     return 1 if bad else 0
 
 
