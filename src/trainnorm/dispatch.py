@@ -27,6 +27,12 @@ from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_
 from .variant import DTYPES, Variant
 
 
+# Every launch says that the compiler may fuse a product into the add that follows it, as
+# every measured form was compiled: Triton 3.9 warns that its default turns to no fusion in
+# 3.10, which would change y's and dx's bits with the Triton version.
+FP_FUSION = dict(enable_fp_fusion=True)
+
+
 def forward(x, weight, residual, gate, eps, variant: Variant):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
     hidden = x.shape[-1]
@@ -53,7 +59,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps)
+                  num_warps=cfg.num_warps, **FP_FUSION)
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's
@@ -164,7 +170,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps)
+                  num_warps=cfg.num_warps, **FP_FUSION)
     if stages:
         loads = dict(LOADS="tma", STAGES=stages)
     else:
@@ -185,6 +191,6 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             comb = combine_config(hidden)
             dw_combine_kernel[(cdiv(hidden, comb.block_n),)](
                 partial, dw, plan.num_chunks, hidden,
-                BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps,
+                BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps, **FP_FUSION,
             )
     return dx, dw, dz, dres

@@ -11,6 +11,7 @@ form that does not compile, that spills or that asks for more shared memory than
 one block may have is reported and the exit status is 1.
 
     python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces]
+    python -m trainnorm.dev.compile_check --load-forms
 
 Besides the forms the table's plans launch (every measured width, odd and
 wide widths, dtypes, residual, gate in both orders, per-head views, both dw
@@ -68,7 +69,7 @@ class Launches:
         key = (kernel.fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
                repr(sorted(attrs.items())), repr(options))
         if key not in self.forms:
-            named = {k: v for k, v in kw.items() if k != "num_warps"}
+            named = {k: v for k, v in kw.items() if k not in ("num_warps", "enable_fp_fusion")}
             self.forms[key] = (kernel, signature, constexprs, attrs, options, named, set())
         if "n_cols" in bound:
             self.forms[key][-1].add(bound["n_cols"])
@@ -287,6 +288,68 @@ def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):
                     trainnorm.rms_norm_gated_backward(dy, x, r, w, rstd)
 
 
+# --- the load forms compute the same arithmetic -----------------------------------------------
+
+# the backward's ways of reading its row tiles (BwdSchedule fields); each must compute the
+# same bits (kernels/backward.py), which the interpreter cannot check: it neither lays
+# tensors out in registers nor lets the compiler fuse a product into an add
+LOAD_FORMS = {"plain": dict(tma_stages=0, prefetch=False), "prefetch": dict(tma_stages=0, prefetch=True),
+              "descriptors": dict(tma_stages=4, prefetch=False)}
+# (name, dy dtype, h dtype, dh dtype or None, op variant): the streams the plans read
+LOAD_FORM_STREAMS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, ""),
+                     ("float32 stream, explicit", torch.bfloat16, torch.float32, torch.float32, ""),
+                     ("float32 stream, autograd", torch.bfloat16, torch.float32, torch.float32, "x:bf16"),
+                     ("float32 y", torch.float32, torch.bfloat16, None, ""))
+# the instructions whose count moves when a product is fused into an add in one form and
+# rounded alone in another (plain products are left out: the compiler may compute one
+# twice, which changes no bits)
+FLOAT_OPS = re.compile(r"\b((?:fma|add|sub|div|rsqrt|sqrt)\.[a-z.]*f(?:32|64))\b")
+
+
+def float_ops(form, target) -> dict:
+    """{PTX floating-point instruction: count} of one recorded form."""
+    import collections
+    import triton
+    from triton.compiler import ASTSource
+    kernel, signature, constexprs, attrs, options, _, _ = form
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    return dict(collections.Counter(FLOAT_OPS.findall(compiled.asm["ptx"])))
+
+
+def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
+    """The backward's load forms at each width and stream dtypes, compiled for `target`:
+    a line for every set of streams whose forms compile to different floating-point
+    instructions (a product fused into an add in one form and rounded alone in another
+    gives other bits). Forms are taken on the width's bf16 entry with descriptors forced."""
+    import trainnorm
+    from trainnorm import configs, dispatch
+    bad = []
+    for hidden in widths:
+        base = configs.backward_config(configs.backward_key(hidden, 2))
+        for name, dy_dt, h_dt, dh_dt, spec in LOAD_FORM_STREAMS:
+            ops = {}
+            for form, kw in LOAD_FORMS.items():
+                cfg = base.replace(direct_max_rows=0, slices_max_rows=0, **kw)
+                launches = Launches(target)
+                real = dispatch.descriptor_stages
+                if kw["tma_stages"]:
+                    dispatch.descriptor_stages = lambda stages, *a, **k: stages
+                try:
+                    with recording(launches), configs.override(backward=cfg):
+                        e = lambda dt: torch.empty(rows, hidden, dtype=dt)
+                        torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
+                                                         torch.empty(rows), e(dh_dt) if dh_dt else None, None, spec,
+                                                         True, True, None)
+                finally:
+                    dispatch.descriptor_stages = real
+                (one,) = [f for key, f in launches.forms.items() if key[0] == "bwd_one_tile_kernel"]
+                ops[form] = float_ops(one, target)
+            if any(v != ops["plain"] for v in ops.values()):
+                bad.append(f"H {hidden}, {name}: " + "; ".join(f"{k} {sorted(v.items())}" for k, v in ops.items()))
+    return bad
+
+
 # --- compiling ------------------------------------------------------------------------------
 
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
@@ -404,6 +467,9 @@ def parse_args(argv=None):
     p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces"), default=None,
                    help="only the forms the plans launch (what users run), or only the tuner's column-slice "
                         "tiles, forward descriptor depths, two-pass tiles or two-piece rows")
+    p.add_argument("--load-forms", action="store_true",
+                   help="only check that the backward's load forms (plain, prefetch, tensor descriptors) compile to "
+                        "the same floating-point instructions for every set of stream dtypes")
     return p.parse_args(argv)
 
 
@@ -417,6 +483,13 @@ def main(argv=None) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     target = GPUTarget("cuda", args.arch, 32)
+    if args.load_forms:
+        bad = check_load_forms(target)
+        for line in bad:
+            print("  LOAD FORMS DIFFER ", line)
+        print(f"load forms (Triton {triton.__version__}, sm_{args.arch}):", "the same floating-point instructions"
+              if not bad else f"{len(bad)} stream sets differ")
+        return 1 if bad else 0
     launches = collect(args, target)
     bad = 0
     forms = [form for _, form in sorted(launches.forms.items(), key=lambda kv: kv[0])]

@@ -1,0 +1,52 @@
+"""What the interpreter cannot see: how the kernels are compiled for the GPU (CPU-only checks)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import trainnorm
+from trainnorm import dispatch, kernels
+
+
+def test_every_launch_fixes_fp_fusion(monkeypatch):
+    # the compiler's freedom to fuse a product into the next add is part of the bits:
+    # every launch states it (Triton 3.10 turns its default off)
+    seen = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((self.name, kw.get("enable_fp_fusion")))
+
+    for name in kernels.__all__:
+        monkeypatch.setattr(dispatch, name, Recorder(name))
+    monkeypatch.setattr(dispatch, "runs_kernels", lambda t: True)
+    x = torch.empty(300, 40000, dtype=torch.bfloat16)
+    w = torch.empty(40000, dtype=torch.bfloat16)
+    rstd = torch.empty(300)
+    for rows, hidden in ((300, 4096), (300, 8200), (300, 40000), (1, 4096), (32, 4096)):
+        trainnorm.rms_norm_forward(x[:rows, :hidden], w[:hidden])
+        trainnorm.rms_norm_backward(x[:rows, :hidden], x[:rows, :hidden], w[:hidden], rstd[:rows])
+        trainnorm.rms_norm_gated_backward(x[:rows, :hidden], x[:rows, :hidden], x[:rows, :hidden], w[:hidden],
+                                          rstd[:rows])
+    names = {n for n, _ in seen}
+    assert {"fwd_one_tile_kernel", "fwd_col_tiles_kernel", "bwd_one_tile_kernel", "bwd_col_tiles_kernel",
+            "bwd_col_slices_kernel", "dw_combine_kernel"} <= names, names
+    assert all(f is True for _, f in seen), [s for s in seen if s[1] is not True]
+
+
+def test_backward_load_forms_compile_to_the_same_arithmetic():
+    # plain loads, prefetch and tensor descriptors, for 16-bit streams and float32 ones
+    # (residual stream, y) beside them: compiled for sm_90, the same fused multiply-adds
+    # and adds (a product fused in one form and rounded alone in another gave dx other
+    # bits with descriptor loads of a float32 stream)
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--load-forms"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "the same floating-point instructions" in res.stdout
