@@ -303,6 +303,7 @@ LOAD_FORM_STREAMS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, ""
 # the instructions whose count moves when a product is fused into an add in one form and
 # rounded alone in another (plain products are left out: the compiler may compute one
 # twice, which changes no bits)
+FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
 FLOAT_OPS = re.compile(r"\b((?:fma|add|sub|div|rsqrt|sqrt)\.[a-z.]*f(?:32|64))\b")
 
 
@@ -318,10 +319,11 @@ def float_ops(form, target) -> dict:
 
 
 def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
-    """The backward's load forms at each width and stream dtypes, compiled for `target`:
-    a line for every set of streams whose forms compile to different floating-point
-    instructions (a product fused into an add in one form and rounded alone in another
-    gives other bits). Forms are taken on the width's bf16 entry with descriptors forced."""
+    """The backward's load forms at each width and stream dtypes, and the forward's where
+    the table reads through descriptors, compiled for `target`: a line for every set of
+    streams whose forms compile to different floating-point instructions (a product fused
+    into an add in one form and rounded alone in another gives other bits). Forms are
+    taken on the width's bf16 entry with descriptors forced."""
     import trainnorm
     from trainnorm import configs, dispatch
     bad = []
@@ -347,6 +349,28 @@ def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
                 ops[form] = float_ops(one, target)
             if any(v != ops["plain"] for v in ops.values()):
                 bad.append(f"H {hidden}, {name}: " + "; ".join(f"{k} {sorted(v.items())}" for k, v in ops.items()))
+    # the forward's plain and descriptor forms, where the table reads through descriptors
+    # (H 1536; H 6144 with a float32 weight), with and without a (16-bit) residual
+    for hidden, w_dt in FWD_LOAD_FORM_KEYS:
+        base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
+        for residual in (False, True):
+            ops = {}
+            for stages in (0, 3, 4):
+                launches = Launches(target)
+                real = dispatch.descriptor_stages
+                dispatch.descriptor_stages = lambda stages, *a, **k: stages
+                try:
+                    with recording(launches), configs.override(forward=base.replace(tma_stages=stages)):
+                        e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
+                        trainnorm.rms_norm_forward(e(), torch.empty(hidden, dtype=w_dt),
+                                                   residual=e() if residual else None)
+                finally:
+                    dispatch.descriptor_stages = real
+                (one,) = launches.forms.values()
+                ops[stages] = float_ops(one, target)
+            if any(v != ops[0] for v in ops.values()):
+                bad.append(f"forward H {hidden}, weight {w_dt}, residual {residual}: "
+                           + "; ".join(f"stages {k} {sorted(v.items())}" for k, v in ops.items()))
     return bad
 
 
@@ -468,8 +492,9 @@ def parse_args(argv=None):
                    help="only the forms the plans launch (what users run), or only the tuner's column-slice "
                         "tiles, forward descriptor depths, two-pass tiles or two-piece rows")
     p.add_argument("--load-forms", action="store_true",
-                   help="only check that the backward's load forms (plain, prefetch, tensor descriptors) compile to "
-                        "the same floating-point instructions for every set of stream dtypes")
+                   help="only check that the load forms (plain, prefetch, tensor descriptors) compile to the same "
+                        "floating-point instructions: the backward's for every set of stream dtypes, the forward's "
+                        "where the table reads through descriptors")
     return p.parse_args(argv)
 
 
