@@ -414,7 +414,8 @@ def test_forward_reads_a_float32_stream_plainly(device, monkeypatch):
 def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
     # the explicit backward sees only h (float32) and dy (bf16): its tiles follow dy's
     # 16-bit dtype, as the autograd path's follow x's, so both give the same dw bits (and
-    # dx: the stream's gradient), and the workspace is sized for x's dtype
+    # dx: the stream's gradient); the workspace is sized for x's dtype, and one sized for
+    # float32 (h's) fits as well
     rows = 300
     key16 = bwd_plan(rows, hidden, torch.bfloat16, True, True)
     key32 = bwd_plan(rows, hidden, torch.float32, True, True)
@@ -434,6 +435,11 @@ def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
     odx, odw, _, odres = torch.ops.trainnorm.rms_norm_bwd(case.dy, h2, case.weight, rstd, dh, None, "x:bf16",
                                                           True, True, None)
     assert dx.dtype == torch.float32
+    # a workspace sized for float32 activations serves the 16-bit dy's key too
+    ws32 = trainnorm.backward_workspace(rows, hidden, dtype=torch.float32, device=device)
+    assert ws32.numel() >= key16.workspace_bytes
+    dx32, dw32 = trainnorm.rms_norm_backward(case.dy, h2, case.weight, rstd, dh=dh, workspace=ws32)
+    assert_bits_equal(dw32, dw, "dw with the float32-sized workspace")
     assert_bits_equal(dx, res.grad, "explicit dx vs the stream's gradient through autograd")
     assert_bits_equal(dw, odw, "explicit dw vs the op's under x:bf16")
     assert_bits_equal(dw.to(w.grad.dtype), w.grad, "explicit dw vs autograd's")

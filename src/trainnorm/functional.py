@@ -298,9 +298,10 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
                              gated=False) -> int:
     """Bytes of scratch the backward needs for `rows` rows of width `hidden`
     and activations of `dtype` (0 when it needs none): x's dtype, also under a
-    float32 residual stream (the backward's tiles follow the narrower of h's and
-    dy's dtypes); gated=True sizes it for rms_norm_gated_backward, whose tiles
-    (and so chunking) may differ."""
+    float32 residual stream; gated=True sizes it for rms_norm_gated_backward,
+    whose tiles (and so chunking) may differ. The backward's tiles follow the
+    narrower of h's and dy's dtypes, so float32 sizes for a 16-bit dy too (float32
+    x with a 16-bit y, or a float32 stream h passed as float32)."""
     for name, v in (("rows", rows), ("hidden", hidden)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}")
@@ -314,7 +315,9 @@ def backward_workspace_bytes(rows, hidden, *, deterministic=True, device=None, d
     gated = _check_flag("gated", gated)
     variant = Variant(gate="silu" if gated else None)
     arch = arch_of(device) if device is not None else _default_arch()
-    return plan.backward_plan(int(rows), int(hidden), dtype, variant, deterministic, True, arch).workspace_bytes
+    keys = (dtype, torch.bfloat16) if dtype == torch.float32 else (dtype,)
+    return max(plan.backward_plan(int(rows), int(hidden), k, variant, deterministic, True, arch).workspace_bytes
+               for k in keys)
 
 
 def _default_arch():
