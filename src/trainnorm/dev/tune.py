@@ -13,6 +13,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-small --out DIR
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
+    python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -43,6 +44,12 @@ plain tile with half the rows) against the plain tile and single edits, at
 GATED_PROBE_CASES (widths the table holds too: the rule serves every gated
 forward). It writes only the raw times (probe-defaults.json) and the log: the
 rules are code, and their comments cite the times that chose them.
+
+--probe-stream times the backward of a float32 residual stream under bf16
+activations (the explicit and the autograd entry points) at its 16-bit key's
+config, with plain loads, deeper descriptor stages and the float32 key's config,
+against the bf16 residual pair: raw times to probe-stream.json and the log
+(docs/benchmarks/tune/h200-stream.txt holds the first such probe).
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -751,6 +758,80 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+# --- the float32 residual stream (--probe-stream) --------------------------------------------
+
+STREAM_PROBE_CASES = tuple((h, t) for h in (1024, 2048, 4096, 5120, 6144, 8192) for t in (4096, 16384, 65536))
+
+
+def stream_edits(hidden: int) -> dict:
+    """{name: BwdConfig or None} for the backward of a float32 residual stream under bf16
+    activations at its 16-bit key: the key's own config ("rule", None: no override), plain
+    loads, the descriptor depth raised (rows.descriptor_stages scales the config's stages
+    to the footprint: tma_stages 5 and 6 read 3 and 4 tiles deep with h in float32, the
+    latter over the shared memory at 8192 columns and left out where it does not launch),
+    and the float32 key's config (what the explicit backward took before 289d9b8)."""
+    cfg = configs.backward_config(configs.backward_key(hidden, ELT))
+    out = {"rule": None, "plain loads": cfg.replace(tma_stages=0, direct_tma_stages=0)}
+    for stages in (5, 6):
+        if cfg.schedule.tma_stages and cfg.col_tiles(hidden) == 1:
+            out[f"tma_stages {stages}"] = cfg.replace(tma_stages=stages, direct_tma_stages=stages)
+    out["float32 key"] = configs.backward_config(configs.backward_key(hidden, 4))
+    return out
+
+
+def probe_stream(run: Run, cases=STREAM_PROBE_CASES) -> None:
+    """Time the float32 residual stream's backward (r, h, dh float32; x, y, dy bf16) through
+    the explicit rms_norm_backward and through the autograd path's op (x's gradient in bf16
+    beside the stream's), each at stream_edits' configs, against the bf16 residual pair (the
+    same call with h and dh in bf16); every case's candidates interleaved. Raw times, with
+    each time over the pair's, to probe-stream.json."""
+    for hidden, rows in cases:
+        dev = run.device
+        x = torch.randn(rows, hidden, device=dev).to(torch.bfloat16)
+        r = torch.randn(rows, hidden, device=dev)
+        w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(torch.bfloat16)
+        dy = torch.randn(rows, hidden, device=dev).to(torch.bfloat16)
+        dh = torch.randn(rows, hidden, device=dev)
+        _, rstd, h = trainnorm.rms_norm_forward(x, w, residual=r)
+        _, rstd16, h16 = trainnorm.rms_norm_forward(x, w, residual=r.to(torch.bfloat16))
+        dh16 = dh.to(torch.bfloat16)
+        entry = {"explicit": lambda: trainnorm.rms_norm_backward(dy, h, w, rstd, dh=dh),
+                 "autograd": lambda: torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh, None, "x:bf16", True,
+                                                                      True, None)[:2]}
+        fns = {"bf16 pair": lambda: trainnorm.rms_norm_backward(dy, h16, w, rstd16, dh=dh16)}
+        cands = stream_edits(hidden)
+        for path, call in entry.items():
+            outs = {}
+            for name, cfg in cands.items():
+                if path == "autograd" and name not in ("rule", "plain loads"):
+                    continue
+
+                def fn(cfg=cfg, call=call):
+                    with configs.override(backward=only(hidden, "plain", cfg) if cfg is not None else None):
+                        return call()
+                try:
+                    outs[name] = fn()
+                except Exception as exc:  # noqa: BLE001 - a depth that does not launch is left out
+                    run.log(f"  stream H{hidden} rows {rows} {path} {name}: {type(exc).__name__}; not timed")
+                    continue
+                fns[f"{path} {name}"] = fn
+            sub = {f"{path} {n}": fns[f"{path} {n}"] for n in outs}
+            _drop_disagreeing(run, sub, {f"{path} {n}": o for n, o in outs.items()} | {"rule": outs["rule"]},
+                              f"stream H{hidden} rows {rows}")
+            for name in outs:
+                if f"{path} {name}" not in sub:
+                    fns.pop(f"{path} {name}")
+        times = time_fns(fns, run.flush)
+        pair = times["bf16 pair"]
+        what = f"stream bwd H{hidden} rows {rows}"
+        run.log(f"{what}: " + ", ".join(f"{k} {v:.1f} ({v / pair:.2f})" for k, v in times.items()))
+        run.raw[what] = {"times": times, "over the pair": {k: v / pair for k, v in times.items()}}
+        run.save("probe-stream.json")
+        del x, r, w, dy, dh, h, h16, dh16, rstd, rstd16, fns
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
     """Leave out (and log) a candidate whose outputs are not those of the rule's config up
     to the reduction order: a broken config is not timed."""
@@ -773,8 +854,11 @@ def parse_args(argv=None):
     sweep.add_argument("--sweep-fwd", action="store_true", help="the forward tile over token counts 1-65536")
     sweep.add_argument("--probe-defaults", action="store_true",
                        help="the analytical defaults against single edits of them at widths the table does not hold")
+    sweep.add_argument("--probe-stream", action="store_true",
+                       help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     p.add_argument("--cases", default=None,
-                   help="with --probe-defaults: comma-separated HxROWS (default: PROBE_CASES)")
+                   help="with --probe-defaults or --probe-stream: comma-separated HxROWS (default: PROBE_CASES, "
+                        "STREAM_PROBE_CASES)")
     p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (the 'gated' entries)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
@@ -783,8 +867,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not args.sweep_bwd:
         p.error("--gated needs --sweep-bwd")
-    if args.cases and not args.probe_defaults:
-        p.error("--cases needs --probe-defaults")
+    if args.cases and not (args.probe_defaults or args.probe_stream):
+        p.error("--cases needs --probe-defaults or --probe-stream")
     return args
 
 
@@ -813,22 +897,24 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    run = Run(table=start_table(path, arch), table_path=None if args.probe_defaults else path, out=args.out,
+    probe = args.probe_defaults or args.probe_stream
+    run = Run(table=start_table(path, arch), table_path=None if probe else path, out=args.out,
               device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else None
     try:
         if args.probe_defaults:
-            cases = ([tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases
-                     else None)
             probe_defaults(run, cases or PROBE_CASES)
             probe_gated_forward(run, cases or GATED_PROBE_CASES)
+        elif args.probe_stream:
+            probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
             tune_fwd(run, widths)
         else:
             tune_bwd(run, widths, args.gated)
-        if not args.probe_defaults:
+        if not probe:
             log(f"wrote {path}")
     finally:
         with open(os.path.join(args.out, "tune.txt"), "w") as f:
