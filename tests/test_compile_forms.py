@@ -41,10 +41,10 @@ def test_every_launch_fixes_fp_fusion(monkeypatch):
 
 def test_load_forms_compile_to_the_same_arithmetic():
     # the backward's plain loads, prefetch and tensor descriptors, for 16-bit streams and
-    # float32 ones (residual stream, y) beside them, and the forward's descriptor forms:
-    # compiled for sm_90, the same fused multiply-adds and adds (a product fused in one
-    # form and rounded alone in another gave dx other bits with descriptor loads of a
-    # float32 stream)
+    # float32 ones (residual stream, y) beside them, its forms as T grows, and the
+    # forward's descriptor forms: compiled for sm_90, the same fused multiply-adds and adds
+    # (a product fused in one form and rounded alone in another gave dx other bits: with
+    # descriptor loads of a float32 stream, and past one chunk at H 1000 with a residual)
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--load-forms"], env=env,

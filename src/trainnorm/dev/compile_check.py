@@ -304,6 +304,10 @@ LOAD_FORM_STREAMS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, ""
 # rounded alone in another (plain products are left out: the compiler may compute one
 # twice, which changes no bits)
 FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
+# widths and row counts whose planned backward forms are compared (float32 instructions:
+# dw's float64 sums differ between dw forms by design)
+PLANNED_WIDTHS = (1000, 4096, 6144)
+PLANNED_ROWS = (1, 300, 16384)
 FLOAT_OPS = re.compile(r"\b((?:fma|add|sub|div|rsqrt|sqrt)\.[a-z.]*f(?:32|64))\b")
 
 
@@ -319,11 +323,11 @@ def float_ops(form, target) -> dict:
 
 
 def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
-    """The backward's load forms at each width and stream dtypes, and the forward's where
-    the table reads through descriptors, compiled for `target`: a line for every set of
-    streams whose forms compile to different floating-point instructions (a product fused
-    into an add in one form and rounded alone in another gives other bits). Forms are
-    taken on the width's bf16 entry with descriptors forced."""
+    """The backward's load forms at each width and stream dtypes (on the width's bf16 entry,
+    descriptors forced), the backward forms the plans take at T 1, 300 and 16384, and the
+    forward's load forms where the table reads through descriptors, compiled for `target`:
+    a line for every set whose forms compile to different floating-point instructions (a
+    product fused into an add in one form and rounded alone in another gives other bits)."""
     import trainnorm
     from trainnorm import configs, dispatch
     bad = []
@@ -349,6 +353,25 @@ def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
                 ops[form] = float_ops(one, target)
             if any(v != ops["plain"] for v in ops.values()):
                 bad.append(f"H {hidden}, {name}: " + "; ".join(f"{k} {sorted(v.items())}" for k, v in ops.items()))
+    # the forms the plans take as T grows (one chunk, column slices, chunks): a row's dx
+    # must not depend on T (before 2dedf9a the chunked form at H 1000 with a residual
+    # rounded a product that the one-chunk form fused)
+    for hidden in PLANNED_WIDTHS:
+        for name, dy_dt, h_dt, dh_dt, spec in LOAD_FORM_STREAMS:
+            ops = {}
+            for t in PLANNED_ROWS:
+                launches = Launches(target)
+                with recording(launches):
+                    e = lambda dt: torch.empty(t, hidden, dtype=dt)
+                    torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
+                                                     torch.empty(t), e(dh_dt) if dh_dt else None, None, spec, True,
+                                                     True, None)
+                (one,) = [f for key, f in launches.forms.items() if key[0] != "dw_combine_kernel"]
+                ops[t] = float_ops(one, target)
+            f32 = {t: {k: v for k, v in o.items() if k.endswith("f32")} for t, o in ops.items()}
+            if any(v != f32[PLANNED_ROWS[0]] for v in f32.values()):
+                bad.append(f"H {hidden}, {name}, the planned forms at T {PLANNED_ROWS}: "
+                           + "; ".join(f"T {k} {sorted(v.items())}" for k, v in f32.items()))
     # the forward's plain and descriptor forms, where the table reads through descriptors
     # (H 1536; H 6144 with a float32 weight), with and without a (16-bit) residual
     for hidden, w_dt in FWD_LOAD_FORM_KEYS:
@@ -492,9 +515,8 @@ def parse_args(argv=None):
                    help="only the forms the plans launch (what users run), or only the tuner's column-slice "
                         "tiles, forward descriptor depths, two-pass tiles or two-piece rows")
     p.add_argument("--load-forms", action="store_true",
-                   help="only check that the load forms (plain, prefetch, tensor descriptors) compile to the same "
-                        "floating-point instructions: the backward's for every set of stream dtypes, the forward's "
-                        "where the table reads through descriptors")
+                   help="only check that the load forms (plain, prefetch, tensor descriptors) and the backward "
+                        "forms the plans take as T grows compile to the same floating-point instructions")
     return p.parse_args(argv)
 
 
