@@ -214,7 +214,7 @@ STACK = [((65536,), 4096, "fp32 stream"), ((16384,), 6144, "fp32 stream"), ((409
 def test_stack_forms_real_sizes(lead, hidden, form):
     # a float32 residual stream under bf16 x, the (1 + w) weight, a float32 y: against
     # FP64 at real sizes, dw in the budget, the same bits at every SM count and in both
-    # modes (dx), and the plain tensor-descriptor rule (mixed element sizes: plain loads)
+    # modes (dx), and the descriptor stages fitted to a float32 stream (rows.descriptor_stages)
     from trainnorm import reference
     from helpers import DW_BUDGET, assert_close64
     case = make_case("outlier", lead, hidden, seed=hidden, device="cuda",
