@@ -263,7 +263,13 @@ class Impl:
     def skip_reason(self, row: Row) -> str | None:
         return None
 
+    # who makes strided rows contiguous before the peer's kernels read them (None: they
+    # read strided rows in place); that copy is timed, and row_note says so
+    copies_strided: str | None = None
+
     def row_note(self, row: Row) -> str:
+        if row.strided and self.copies_strided:
+            return f"input made contiguous first (as {self.copies_strided} does); the copy is timed"
         return ""
 
     def op_skip_reason(self, op: str) -> str | None:
@@ -592,6 +598,7 @@ class Liger(Impl):
     description = 'Liger-Kernel rms_norm_forward / rms_norm_backward, casting_mode="gemma"'
 
     modules = (("ops", "liger_kernel.ops.rms_norm"),)
+    copies_strided = "LigerRMSNormFunction"
 
     def __init__(self):
         super().__init__()
@@ -606,11 +613,6 @@ class Liger(Impl):
         if row.gated:
             return "no gated norm"
         return None
-
-    def row_note(self, row):
-        if row.strided:
-            return "input made contiguous first (as LigerRMSNormFunction does); the copy is timed"
-        return ""
 
     def begin_row(self, d):
         self.dy = d.dy.clone()
@@ -657,6 +659,7 @@ class Fla(Impl):
     description = "fla-core layer_norm_fwd / layer_norm_bwd (is_rms_norm=True), gated: layer_norm_gated_*"
 
     modules = (("ln", "fla.modules.norm.layernorm"), ("gate", "fla.modules.norm.fused_norm_gate"))
+    copies_strided = "fla's autograd Function"
 
     def version(self):
         return _dist_version("fla-core", "flash-linear-attention", "fla")
@@ -665,11 +668,6 @@ class Fla(Impl):
         if row.weight_offset:
             return "no weight offset"
         return None
-
-    def row_note(self, row):
-        if row.strided:
-            return "input made contiguous first (as fla's autograd Function does); the copy is timed"
-        return ""
 
     @staticmethod
     def _rows(t):
