@@ -322,6 +322,47 @@ def float_ops(form, target) -> dict:
     return dict(collections.Counter(FLOAT_OPS.findall(compiled.asm["ptx"])))
 
 
+@contextlib.contextmanager
+def _descriptors_forced(on: bool = True):
+    """Within the block the dispatcher reads rows through tensor descriptors at the
+    config's depth (recorded launches: no layout to check)."""
+    from trainnorm import dispatch
+    real = dispatch.descriptor_stages
+    if on:
+        dispatch.descriptor_stages = lambda stages, *a, **k: stages
+    try:
+        yield
+    finally:
+        dispatch.descriptor_stages = real
+
+
+def _form_ops(target, call, kernels, **override) -> dict:
+    """float_ops of the one form of `kernels` that call() launches under configs.override."""
+    from trainnorm import configs
+    launches = Launches(target)
+    with recording(launches), configs.override(**override):
+        call()
+    (one,) = [f for key, f in launches.forms.items() if key[0] in kernels]
+    return float_ops(one, target)
+
+
+def _bwd_call(rows, hidden, streams):
+    _, dy_dt, h_dt, dh_dt, spec = streams
+    e = lambda dt: torch.empty(rows, hidden, dtype=dt)
+    return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
+                                                    torch.empty(rows), e(dh_dt) if dh_dt else None, None, spec,
+                                                    True, True, None)
+
+
+def _differing(what: str, ops: dict, keep=lambda op: True) -> list[str]:
+    """[a line naming every form's instructions] where the forms' ops (those `keep` takes) differ."""
+    ops = {form: {k: v for k, v in o.items() if keep(k)} for form, o in ops.items()}
+    first = next(iter(ops.values()))
+    if all(v == first for v in ops.values()):
+        return []
+    return [f"{what}: " + "; ".join(f"{form} {sorted(v.items())}" for form, v in ops.items())]
+
+
 def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
     """The backward's load forms at each width and stream dtypes (on the width's bf16 entry,
     descriptors forced), the backward forms the plans take at T 1, 300 and 16384, and the
@@ -329,71 +370,40 @@ def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
     a line for every set whose forms compile to different floating-point instructions (a
     product fused into an add in one form and rounded alone in another gives other bits)."""
     import trainnorm
-    from trainnorm import configs, dispatch
+    from trainnorm import configs
     bad = []
+    one_tile = ("bwd_one_tile_kernel",)
     for hidden in widths:
         base = configs.backward_config(configs.backward_key(hidden, 2))
-        for name, dy_dt, h_dt, dh_dt, spec in LOAD_FORM_STREAMS:
+        for streams in LOAD_FORM_STREAMS:
             ops = {}
             for form, kw in LOAD_FORMS.items():
-                cfg = base.replace(direct_max_rows=0, slices_max_rows=0, **kw)
-                launches = Launches(target)
-                real = dispatch.descriptor_stages
-                if kw["tma_stages"]:
-                    dispatch.descriptor_stages = lambda stages, *a, **k: stages
-                try:
-                    with recording(launches), configs.override(backward=cfg):
-                        e = lambda dt: torch.empty(rows, hidden, dtype=dt)
-                        torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
-                                                         torch.empty(rows), e(dh_dt) if dh_dt else None, None, spec,
-                                                         True, True, None)
-                finally:
-                    dispatch.descriptor_stages = real
-                (one,) = [f for key, f in launches.forms.items() if key[0] == "bwd_one_tile_kernel"]
-                ops[form] = float_ops(one, target)
-            if any(v != ops["plain"] for v in ops.values()):
-                bad.append(f"H {hidden}, {name}: " + "; ".join(f"{k} {sorted(v.items())}" for k, v in ops.items()))
+                with _descriptors_forced(bool(kw["tma_stages"])):
+                    ops[form] = _form_ops(target, _bwd_call(rows, hidden, streams), one_tile,
+                                          backward=base.replace(direct_max_rows=0, slices_max_rows=0, **kw))
+            bad += _differing(f"H {hidden}, {streams[0]}", ops)
     # the forms the plans take as T grows (one chunk, column slices, chunks): a row's dx
     # must not depend on T (before 2dedf9a the chunked form at H 1000 with a residual
-    # rounded a product that the one-chunk form fused)
+    # rounded a product that the one-chunk form fused); float32 instructions only
+    planned = ("bwd_one_tile_kernel", "bwd_col_slices_kernel", "bwd_col_tiles_kernel")
     for hidden in PLANNED_WIDTHS:
-        for name, dy_dt, h_dt, dh_dt, spec in LOAD_FORM_STREAMS:
-            ops = {}
-            for t in PLANNED_ROWS:
-                launches = Launches(target)
-                with recording(launches):
-                    e = lambda dt: torch.empty(t, hidden, dtype=dt)
-                    torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
-                                                     torch.empty(t), e(dh_dt) if dh_dt else None, None, spec, True,
-                                                     True, None)
-                (one,) = [f for key, f in launches.forms.items() if key[0] != "dw_combine_kernel"]
-                ops[t] = float_ops(one, target)
-            f32 = {t: {k: v for k, v in o.items() if k.endswith("f32")} for t, o in ops.items()}
-            if any(v != f32[PLANNED_ROWS[0]] for v in f32.values()):
-                bad.append(f"H {hidden}, {name}, the planned forms at T {PLANNED_ROWS}: "
-                           + "; ".join(f"T {k} {sorted(v.items())}" for k, v in f32.items()))
+        for streams in LOAD_FORM_STREAMS:
+            ops = {f"T {t}": _form_ops(target, _bwd_call(t, hidden, streams), planned) for t in PLANNED_ROWS}
+            bad += _differing(f"H {hidden}, {streams[0]}, the planned forms", ops, keep=lambda op: op.endswith("f32"))
     # the forward's plain and descriptor forms, where the table reads through descriptors
     # (H 1536; H 6144 with a float32 weight), with and without a (16-bit) residual
     for hidden, w_dt in FWD_LOAD_FORM_KEYS:
         base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
         for residual in (False, True):
+            e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
+            call = lambda: trainnorm.rms_norm_forward(e(), torch.empty(hidden, dtype=w_dt),
+                                                      residual=e() if residual else None)
             ops = {}
             for stages in (0, 3, 4):
-                launches = Launches(target)
-                real = dispatch.descriptor_stages
-                dispatch.descriptor_stages = lambda stages, *a, **k: stages
-                try:
-                    with recording(launches), configs.override(forward=base.replace(tma_stages=stages)):
-                        e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
-                        trainnorm.rms_norm_forward(e(), torch.empty(hidden, dtype=w_dt),
-                                                   residual=e() if residual else None)
-                finally:
-                    dispatch.descriptor_stages = real
-                (one,) = launches.forms.values()
-                ops[stages] = float_ops(one, target)
-            if any(v != ops[0] for v in ops.values()):
-                bad.append(f"forward H {hidden}, weight {w_dt}, residual {residual}: "
-                           + "; ".join(f"stages {k} {sorted(v.items())}" for k, v in ops.items()))
+                with _descriptors_forced():
+                    ops[f"stages {stages}"] = _form_ops(target, call, ("fwd_one_tile_kernel",),
+                                                        forward=base.replace(tma_stages=stages))
+            bad += _differing(f"forward H {hidden}, weight {w_dt}, residual {residual}", ops)
     return bad
 
 
