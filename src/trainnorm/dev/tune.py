@@ -801,7 +801,7 @@ def probe_stream(run: Run, cases=STREAM_PROBE_CASES) -> None:
         fns = {"bf16 pair": lambda: trainnorm.rms_norm_backward(dy, h16, w, rstd16, dh=dh16)}
         cands = stream_edits(hidden)
         for path, call in entry.items():
-            outs = {}
+            path_fns, outs = {}, {}
             for name, cfg in cands.items():
                 if path == "autograd" and name not in ("rule", "plain loads"):
                     continue
@@ -814,13 +814,9 @@ def probe_stream(run: Run, cases=STREAM_PROBE_CASES) -> None:
                 except Exception as exc:  # noqa: BLE001 - a depth that does not launch is left out
                     run.log(f"  stream H{hidden} rows {rows} {path} {name}: {type(exc).__name__}; not timed")
                     continue
-                fns[f"{path} {name}"] = fn
-            sub = {f"{path} {n}": fns[f"{path} {n}"] for n in outs}
-            _drop_disagreeing(run, sub, {f"{path} {n}": o for n, o in outs.items()} | {"rule": outs["rule"]},
-                              f"stream H{hidden} rows {rows}")
-            for name in outs:
-                if f"{path} {name}" not in sub:
-                    fns.pop(f"{path} {name}")
+                path_fns[name] = fn
+            _drop_disagreeing(run, path_fns, outs, f"stream {path} H{hidden} rows {rows}")
+            fns.update({f"{path} {name}": fn for name, fn in path_fns.items()})
         times = time_fns(fns, run.flush)
         pair = times["bf16 pair"]
         what = f"stream bwd H{hidden} rows {rows}"
