@@ -22,7 +22,7 @@ except ImportError as _error:   # no Triton (it ships Linux wheels only): the CP
      fwd_one_tile_kernel) = missing_kernels(
         ("bwd_col_slices_kernel", "bwd_col_tiles_kernel", "bwd_one_tile_kernel", "dw_combine_kernel",
          "fwd_col_tiles_kernel", "fwd_one_tile_kernel"), _error)
-from .plan import DwForm, backward_plan, forward_plan
+from .plan import DwForm, backward_key_dtype, backward_plan, forward_plan
 from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_views, runs_kernels, sm_count
 from .variant import DTYPES, Variant
 
@@ -133,14 +133,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
         dw = out[1].float() if need_dw else h.new_empty(0, dtype=torch.float32)
         return dx, dw, dz, dres
 
-    # The tile is keyed on the narrowest activation stream: x's dtype, or dy's where that is
-    # narrower. A float32 residual stream under 16-bit x reads h (and dh) in float32 beside
-    # dy in x's 16-bit dtype, through either entry point: the explicit backward, which sees
-    # only h, would otherwise key it on float32, whose tiles (one row, plain loads) ran it at
-    # 1.8-5.5x the bf16 residual pair's time, against 1.6-2.3x on the 16-bit key's tiles
-    # with plain loads and 1.4-1.7x with descriptor loads (H200, H 1024-8192, T 4096-65536:
-    # docs/benchmarks/tune/h200-stream.txt). Both entry points then give the same dw bits.
-    key_dtype = dy.dtype if dy.dtype.itemsize < x_dtype.itemsize else x_dtype
+    key_dtype = backward_key_dtype(x_dtype, dy.dtype)
     plan = backward_plan(rows, hidden, key_dtype, variant, deterministic, need_dw, arch_of(h.device))
     dw = torch.empty(hidden if need_dw else 0, dtype=torch.float32, device=h.device)
     partial, counter = _workspace(plan, workspace, rows, h.device)

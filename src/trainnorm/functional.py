@@ -284,9 +284,9 @@ def _check_backward_args(dy, h, weight, rstd, dh, deterministic, workspace, h_na
         if workspace.data_ptr() % 8:
             raise ValueError("workspace must start at an 8-byte aligned address (it holds float64 "
                              "partials); a slice of backward_workspace() at an offset of 8k bytes is")
-        # sized for the backward's key: the narrower of h's and dy's dtypes (dispatch.backward)
-        key_dtype = dy.dtype if dy.dtype.itemsize < h.dtype.itemsize else h.dtype
-        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic, dtype=key_dtype,
+        # sized for the backward's key (h is x on this entry point)
+        need = backward_workspace_bytes(rstd.numel(), h.shape[-1], deterministic=deterministic,
+                                        dtype=plan.backward_key_dtype(h.dtype, dy.dtype),
                                         gated=gated, device=h.device)
         if workspace.numel() < need:
             raise ValueError(f"workspace must hold {need} bytes for rows={rstd.numel()}, "

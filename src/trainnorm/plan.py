@@ -137,6 +137,19 @@ def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
     return cdiv(rows, rpc), rpc
 
 
+def backward_key_dtype(x_dtype: torch.dtype, dy_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the backward's tiles are keyed on: the narrowest activation stream, x's
+    dtype or dy's where that is narrower. A float32 residual stream under 16-bit x reads h
+    (and dh) in float32 beside dy in x's 16-bit dtype, through either entry point: the
+    explicit backward, which sees only h, would otherwise key it on float32, whose tiles
+    (one row, plain loads) ran it at 1.8-5.5x the bf16 residual pair's time, against
+    1.6-2.3x on the 16-bit key's tiles with plain loads and 1.4-1.7x with descriptor loads
+    (H200, H 1024-8192, T 4096-65536: docs/benchmarks/tune/h200-stream.txt). Both entry
+    points then give the same dw bits. Every stream the backward reads is at least this
+    wide (rows.descriptor_stages relies on it)."""
+    return dy_dtype if dy_dtype.itemsize < x_dtype.itemsize else x_dtype
+
+
 def backward_plan(rows: int, hidden: int, dtype: torch.dtype, variant: Variant, deterministic: bool,
                   need_dw: bool, arch: str | None = None) -> BackwardPlan:
     """The backward's form: a function of (rows, H, dtype, variant, mode, architecture) only."""

@@ -189,8 +189,9 @@ def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, bl
     # h become 2 with h in float32 (4 deep asked 296 KiB at H 5120-6144 with both in
     # float32, over sm_90's 227 KiB per block). Under 2 tiles in flight nothing is
     # pipelined: plain loads then. Every load form computes the same bits
-    # (kernels/backward.py writes its multiply-adds out).
-    fit = min(stages, stages * elt * len(present) // sum(t.element_size() for t, _ in present))
+    # (kernels/backward.py writes its multiply-adds out). No stream is narrower than the
+    # key (plan.backward_key_dtype), so the depth never grows past the config's.
+    fit = stages * elt * len(present) // sum(t.element_size() for t, _ in present)
     return fit if fit >= 2 else 0
 
 
