@@ -413,9 +413,13 @@ def test_forward_reads_a_float32_stream_plainly(device, monkeypatch):
 @pytest.mark.parametrize("hidden", [96, 4096])
 def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
     # the explicit backward sees only h (float32) and dy (bf16): its tiles follow dy's
-    # 16-bit dtype, as the autograd path's follow x's, so both give the same dw bits (and
-    # dx: the stream's gradient); the workspace is sized for x's dtype, and one sized for
-    # float32 (h's) fits as well
+    # 16-bit dtype, as the autograd path's follow x's, so both give the same dw bits; the
+    # workspace is sized for x's dtype, and one sized for float32 (h's) fits as well.
+    # dx (the stream's gradient) agrees to float32 rounding, not to the bit: the explicit
+    # kernel stores one float32 dx, the autograd one x's 16-bit gradient beside it, and
+    # for those stores the compiler may lay the tile out in other registers, so the row
+    # sum c is taken in another order (on an H100 at H 96: bits differed; compiled for
+    # sm_90, 40 float32 adds against 16 at H 64-512, the same counts at H 1000 and 1024)
     rows = 300
     key16 = bwd_plan(rows, hidden, torch.bfloat16, True, True)
     key32 = bwd_plan(rows, hidden, torch.float32, True, True)
@@ -440,9 +444,14 @@ def test_float32_stream_backward_keyed_on_the_activations(device, hidden):
     assert ws32.numel() >= key16.workspace_bytes
     dx32, dw32 = trainnorm.rms_norm_backward(case.dy, h2, case.weight, rstd, dh=dh, workspace=ws32)
     assert_bits_equal(dw32, dw, "dw with the float32-sized workspace")
-    assert_bits_equal(dx, res.grad, "explicit dx vs the stream's gradient through autograd")
     assert_bits_equal(dw, odw, "explicit dw vs the op's under x:bf16")
     assert_bits_equal(dw.to(w.grad.dtype), w.grad, "explicit dw vs autograd's")
+    # one kernel gives x's gradient as the stream's rounded
+    assert_bits_equal(res.grad.to(x.grad.dtype), x.grad, "x's gradient vs the stream's, rounded")
+    assert_bits_equal(odres, res.grad, "the op's stream gradient vs autograd's")
+    scale = res.grad.abs().max().item()
+    torch.testing.assert_close(dx, res.grad, rtol=2.0 ** -16, atol=scale * 2.0 ** -16,
+                               msg=lambda m: f"explicit dx vs the stream's gradient through autograd: {m}")
 
 
 FWD_FORMS = {"plain": {}, "tma2": {"tma_stages": 2}, "tma3": {"tma_stages": 3}}
