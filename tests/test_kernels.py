@@ -143,6 +143,26 @@ def test_query_view_read_in_place(device):
         assert_bits_equal(a, b, n)
 
 
+@pytest.mark.parametrize("hidden,pad,copied", [(1024, 0, False), (1024, 16, False), (1024, 4, True),
+                                               (1000, 0, False), (1000, 8, True), (1000, 12, False)])
+def test_rows_specialised_as_contiguous(device, hidden, pad, copied):
+    # Triton specialises a row stride divisible by 16 (and a 16-byte aligned base) and the
+    # compiler lays the tile out from the loads, which fixes a row sum's order: rows whose
+    # stride is specialised otherwise than contiguous rows' are copied once (rows.row_views)
+    # and give contiguous rows' bits; one row takes a contiguous row's stride
+    gen = torch.Generator(device=device).manual_seed(12)
+    buf = torch.randn(7, hidden + pad, generator=gen, device=device).to(torch.bfloat16)
+    x = buf[:, :hidden]
+    nh, ((t, st, sh),) = row_views(x)
+    assert (t is not x) == copied and st == (hidden if copied or pad == 0 else hidden + pad)
+    assert row_views(x[2:3])[1][0][1] == hidden, "one row: a contiguous row's stride"
+    w = torch.randn(hidden, generator=gen, device=device).to(torch.bfloat16)
+    y, rstd, _ = trainnorm.rms_norm_forward(x, w)
+    y2, rstd2, _ = trainnorm.rms_norm_forward(x.contiguous(), w)
+    assert_bits_equal(y, y2, "y")
+    assert_bits_equal(rstd, rstd2, "rstd")
+
+
 def test_key_view(device):
     case = make_case("normal", (29, 4), 256, residual=True, seed=8, device=device)
     check_case(case)
@@ -363,15 +383,21 @@ def test_tma_needs_16_byte_block_rows(device, monkeypatch, hidden, gated):
     assert bool(made) == (cfg.block_n * 2 >= 16)
 
 
-@pytest.mark.parametrize("streams,stages,expect", [("bf16 dy, bf16 h", 3, 3), ("bf16 dy, fp32 h", 3, 2),
-                                                    ("bf16 dy, fp32 h", 4, 2), ("fp32 dy, fp32 h", 3, 0),
-                                                    ("fp32 dy, fp32 h", 4, 2)])
-def test_descriptor_stages_keep_the_footprint(device, monkeypatch, streams, stages, expect):
+@pytest.mark.parametrize("hidden,streams,stages,expect", [
+    (1024, "bf16 dy, bf16 h", 3, 3), (1024, "bf16 dy, fp32 h", 3, 2), (1024, "bf16 dy, fp32 h", 4, 2),
+    (1024, "fp32 dy, fp32 h", 3, 0), (1024, "fp32 dy, fp32 h", 4, 0), (1024, "fp32 dy, bf16 h", 4, 0),
+    (96, "bf16 dy, bf16 h", 3, 3), (96, "bf16 dy, fp32 h", 4, 0), (96, "fp32 dy, bf16 h", 4, 0),
+    (1000, "bf16 dy, bf16 h", 3, 0)])
+def test_descriptor_stages_keep_the_footprint(device, monkeypatch, hidden, streams, stages, expect):
     # the config's stages are sized for the key's (x's) element size: a float32 stream
     # under bf16 x (h of a float32 residual stream, dy of a float32 y) makes each stage
     # wider, so fewer are pipelined in the same shared memory (4 bf16 stages of dy and h:
-    # 2 with h or both in float32), and under 2 none (plain loads); every form, the same bits
-    hidden, rows = 96, 30
+    # 2 with h or both in float32), and under 2 none (plain loads). Tiles narrower than
+    # 1024 columns read a float32 h beside bf16 dy plainly, a float32 dy is always read
+    # plainly, and so are rows whose width is not a multiple of 16 values
+    # (rows.descriptor_depth: there the compiler laid the tile out otherwise under
+    # descriptors). Every form, the same bits
+    rows = 30
     dy_dtype, h_dtype = ({"bf16": torch.bfloat16, "fp32": torch.float32}[s.split()[0]] for s in streams.split(", "))
     gen = torch.Generator(device=device).manual_seed(31)
     dy = torch.randn(rows, hidden, generator=gen, device=device).to(dy_dtype)

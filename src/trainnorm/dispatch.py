@@ -66,7 +66,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             # descriptor form of that stream was measured, not the forward's)
             mixed = rv is not None and rv.element_size() != x.element_size()
             stages = 0 if mixed else descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt),
-                                                       elt=x.element_size(), block_n=cfg.block_n)
+                                                       elt=x.element_size(), block_n=cfg.block_n, hidden=hidden)
             tiles = cdiv(rows, cfg.block_m)
             if stages:
                 desc_x = row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
@@ -143,7 +143,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     cfg = plan.cfg
     prefetch, stages = plan.loads()
     stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=key_dtype.itemsize,
-                                block_n=cfg.block_n)
+                                block_n=cfg.block_n, hidden=hidden)
     if stages:
         desc_dy, desc_h = (row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
                            for t, st in ((dyv, sdyt), (hv, sht)))

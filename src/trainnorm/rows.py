@@ -152,10 +152,26 @@ def row_views(*tensors):
             dims = [(t.numel() // t.shape[-1], t.shape[-1])]
         if len(dims) == 2:
             out.append((t, dims[0][1], dims[1][1]))
-        else:
-            stride = dims[0][1] if dims else 0
-            out.append((t, stride * nh, stride))
+            continue
+        hidden = t.shape[-1]
+        # one row: its stride addresses nothing; give it a contiguous row's
+        stride = dims[0][1] if dims else hidden
+        if nh == 1 and not _specialised_as_contiguous(t, stride, hidden):
+            t, stride = t.contiguous(), hidden
+        out.append((t, stride * nh, stride))
     return nh, out
+
+
+def _specialised_as_contiguous(t: torch.Tensor, stride: int, hidden: int) -> bool:
+    """Whether Triton specialises rows of this stride and base as it does contiguous rows:
+    it marks an integer argument divisible by 16 and a pointer 16-byte aligned, and the
+    compiler lays a tile's registers out from the loads that follow, which fixes the
+    order of a row's additions (trainnorm.dev.compile_check.reduction_trees). Compiled
+    for sm_90: at H 1000 a row stride of 0 (one row) gave one value a thread where 1000
+    gave 8, a row-sum's other order; with a float32 stream beside a 16-bit one, rows of
+    stride H + 4 took 4 values a thread where contiguous rows took 8 (H 512-6144). Rows
+    that differ are copied once, so where they lie changes no bit."""
+    return (stride % 16 == 0) == (hidden % 16 == 0) and t.data_ptr() % 16 == 0
 
 
 # --- tensor descriptors -----------------------------------------------------------------------
@@ -168,31 +184,61 @@ def _tma_capable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(_index(device))[0] >= 9
 
 
-def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, block_n: int) -> int:
+# Tiles narrower than this read a stream wider than the key's plainly (see descriptor_depth).
+MIXED_DESCRIPTOR_MIN_BLOCK_N = 1024
+
+
+def descriptor_depth(stages: int, elts, key_elt: int, block_n: int, hidden: int) -> int:
+    """The tile depth descriptor loads may pipeline for streams of `elts` bytes a value
+    under a config of `stages` sized for `key_elt`, on rows of `hidden` values in tiles
+    of `block_n` columns: the part of descriptor_stages that no address decides. The
+    bits must not depend on the load form, and the compiler lays a tile's registers out
+    from the loads and stores around it, which fixes the order of a row's additions.
+    Compiled for sm_90 (`trainnorm compile-check --load-forms` compares every reduction's
+    split, trainnorm.dev.compile_check.reduction_trees):
+
+    - a row width that is not a multiple of 16 values leaves plain loads unvectorised,
+      one value a thread (H 1000: 8 with descriptors), so such rows are read plainly;
+    - a float32 stream beside 16-bit ones read through descriptors took another layout:
+      h of a float32 residual stream in tiles of several narrow rows (H 64-512,
+      block_n <= 512; under Triton 3.6 and 3.9 the same layout at block_n >= 1024),
+      dy of a float32 y at every width under Triton 3.9 (H 1024-6144: 4 values a
+      thread against 8). The descriptor form serves T past one chunk, so dx's bits
+      followed T (an H100 found 5 values of one row at H 512 differ between the row
+      alone and in 4096 rows). Those streams are read plainly there: elts[0], the
+      stream the tile is keyed on (dy in the backward, x in the forward), must have
+      the key's size, and a wider stream beside it needs block_n >= 1024.
+
+    The config's shared memory holds `stages` tiles of every stream at the key's size; a
+    wider stream makes each stage wider, so the footprint (and the programs per SM the
+    config was timed with) is kept by pipelining fewer tiles: 4 bf16 stages of dy and h
+    become 2 with h in float32 (4 deep asked 296 KiB at H 5120-6144 with both in
+    float32, over sm_90's 227 KiB per block). Under 2 tiles in flight nothing is
+    pipelined. No stream is narrower than the key (plan.backward_key_dtype), so the
+    depth never grows past the config's."""
+    if not stages or block_n * key_elt < 16 or hidden % 16 or elts[0] != key_elt:
+        return 0
+    if any(e != key_elt for e in elts) and block_n < MIXED_DESCRIPTOR_MIN_BLOCK_N:
+        return 0
+    fit = stages * key_elt * len(elts) // sum(elts)
+    return fit if fit >= 2 else 0
+
+
+def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, block_n: int, hidden: int) -> int:
     """How deep to pipeline rows read through tensor descriptors, 0 where they cannot be
-    (rows that fit one tile, one level, base and row stride 16-byte aligned, a block row
-    of at least 16 bytes: the bulk copy's rules). views: (tensor, row stride) pairs, None
-    for an absent tensor; stages: the config's depth, chosen for streams of elt bytes
-    (its key's); block_n: the tile's columns. The layout is only inspected when a config
-    asks for them."""
-    if not stages or col_tiles != 1 or nh != 1 or block_n * elt < 16:
+    (rows that fit one tile, one level, base and row stride 16-byte aligned: the bulk
+    copy's rules) or may not be (descriptor_depth). views: (tensor, row stride) pairs,
+    None for an absent tensor; stages: the config's depth, chosen for streams of elt
+    bytes (its key's); block_n: the tile's columns; hidden: the row's values. The layout
+    is only inspected when a config asks for them."""
+    if not stages or col_tiles != 1 or nh != 1:
         return 0
     present = [(t, stride) for t, stride in views if t is not None]
     for t, stride in present:
         e = t.element_size()
         if t.data_ptr() % 16 or (stride * e) % 16 or not _tma_capable(t.device):
             return 0
-    # The config's shared memory is `stages` tiles of every stream at the key's element
-    # size. A float32 stream under a 16-bit key (a float32 residual stream, dy of a
-    # float32 y) makes each stage wider; keep the footprint (and so the programs per
-    # SM the config was timed with) and pipeline fewer tiles: 4 bf16 stages of dy and
-    # h become 2 with h in float32 (4 deep asked 296 KiB at H 5120-6144 with both in
-    # float32, over sm_90's 227 KiB per block). Under 2 tiles in flight nothing is
-    # pipelined: plain loads then. Every load form computes the same bits
-    # (kernels/backward.py writes its multiply-adds out). No stream is narrower than the
-    # key (plan.backward_key_dtype), so the depth never grows past the config's.
-    fit = stages * elt * len(present) // sum(t.element_size() for t, _ in present)
-    return fit if fit >= 2 else 0
+    return descriptor_depth(stages, [t.element_size() for t, _ in present], elt, block_n, hidden)
 
 
 def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
