@@ -45,6 +45,9 @@ def test_load_forms_compile_to_the_same_arithmetic():
     # forward's descriptor forms: compiled for sm_90, the same fused multiply-adds and adds
     # (a product fused in one form and rounded alone in another gave dx other bits: with
     # descriptor loads of a float32 stream, and past one chunk at H 1000 with a residual)
+    # and the same split of every row sum (values a thread, lanes, warps: at H 512 the
+    # descriptor form of a float32 stream summed rows in another order, and an H100 saw
+    # a row's dx differ alone and in a batch), on contiguous rows and rows of stride H + 4
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--load-forms"], env=env,

@@ -306,30 +306,83 @@ LOAD_FORM_STREAMS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, ""
 FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
 # widths and row counts whose planned backward forms are compared (float32 instructions:
 # dw's float64 sums differ between dw forms by design)
-PLANNED_WIDTHS = (1000, 4096, 6144)
+PLANNED_WIDTHS = (512, 1000, 4096, 6144)
+# widths of the load-form comparison: narrow tiles of several rows (128, 512: a float32
+# stream beside a 16-bit one took another layout there under descriptors), a width that
+# is not a multiple of 16 values (1000: plain loads unvectorised), and wide one-row tiles
+LOAD_FORM_WIDTHS = (128, 512, 1000, 1024, 4096)
 PLANNED_ROWS = (1, 300, 16384)
 FLOAT_OPS = re.compile(r"\b((?:fma|add|sub|div|rsqrt|sqrt)\.[a-z.]*f(?:32|64))\b")
 
 
+REDUCE = re.compile(r'"tt\.reduce"\(.*?\) <\{axis = (\d+) : i32\}>.*?\}\) : \(tensor<([0-9x]+)x(\w+), (#[\w.]+(?:<.*?>)?)>\)',
+                    re.S)
+LAYOUT_ALIAS = re.compile(r"^(#\w+) = (.*)$", re.M)
+BLOCKED = re.compile(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPerWarp = \[([\d, ]+)\], "
+                     r"warpsPerCTA = \[([\d, ]+)\]")
+
+
+def reduction_trees(ttgir: str) -> dict:
+    """{(element type, reduced extent, how the extent is split): count} of every reduction
+    in a kernel's TTGIR. Triton reduces each thread's elements in register order, then
+    across the lanes, then across the warps, so for a blocked layout the order of the
+    additions follows the reduced axis's share of it alone: (elements a thread holds
+    together, lanes, warps), the extent giving the repetitions. Two forms with the same
+    trees and the same fused multiply-adds add in the same order; any other layout is
+    kept whole."""
+    import collections
+    aliases = dict(LAYOUT_ALIAS.findall(ttgir))
+
+    def resolve(text: str) -> str:
+        for _ in range(8):
+            new = re.sub(r"#\w+(?![\w.<])", lambda m: aliases.get(m.group(0), m.group(0)), text)
+            if new == text:
+                break
+            text = new
+        return text
+
+    trees = collections.Counter()
+    for axis, shape, dtype, layout in REDUCE.findall(ttgir):
+        axis, dims, layout = int(axis), [int(d) for d in shape.split("x")], resolve(layout)
+        m = BLOCKED.fullmatch(layout[:BLOCKED.match(layout).end()]) if BLOCKED.match(layout) else None
+        if m:
+            spt, tpw, wpc = ([int(v) for v in g.split(",")][axis] for g in m.groups())
+            split = f"{spt} a thread, {tpw} lanes, {wpc} warps"
+        else:
+            split = layout
+        trees[(dtype, dims[axis], split)] += 1
+    return dict(trees)
+
+
 def float_ops(form, target) -> dict:
-    """{PTX floating-point instruction: count} of one recorded form."""
+    """{PTX floating-point instruction: count} of one recorded form, and under the key
+    "reductions" its reduction trees (reduction_trees)."""
     import collections
     import triton
     from triton.compiler import ASTSource
     kernel, signature, constexprs, attrs, options, _, _ = form
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=options.__dict__)
-    return dict(collections.Counter(FLOAT_OPS.findall(compiled.asm["ptx"])))
+    ops = dict(collections.Counter(FLOAT_OPS.findall(compiled.asm["ptx"])))
+    ops["reductions"] = reduction_trees(compiled.asm["ttgir"])
+    return ops
 
 
 @contextlib.contextmanager
 def _descriptors_forced(on: bool = True):
-    """Within the block the dispatcher reads rows through tensor descriptors at the
-    config's depth (recorded launches: no layout to check)."""
-    from trainnorm import dispatch
+    """Within the block the dispatcher reads rows through tensor descriptors wherever
+    rows.descriptor_depth allows them (recorded launches: no address to check)."""
+    from trainnorm import dispatch, rows
+
+    def aligned(stages, col_tiles, nh, *views, elt, block_n, hidden):
+        if col_tiles != 1 or nh != 1:
+            return 0
+        return rows.descriptor_depth(stages, [t.element_size() for t, _ in views if t is not None], elt, block_n,
+                                     hidden)
+
     real = dispatch.descriptor_stages
     if on:
-        dispatch.descriptor_stages = lambda stages, *a, **k: stages
+        dispatch.descriptor_stages = aligned
     try:
         yield
     finally:
@@ -346,9 +399,10 @@ def _form_ops(target, call, kernels, **override) -> dict:
     return float_ops(one, target)
 
 
-def _bwd_call(rows, hidden, streams):
+def _bwd_call(rows, hidden, streams, pad=0):
+    """The backward op on uninitialised rows; pad: the rows' stride exceeds hidden by this."""
     _, dy_dt, h_dt, dh_dt, spec = streams
-    e = lambda dt: torch.empty(rows, hidden, dtype=dt)
+    e = lambda dt: torch.empty(rows, hidden + pad, dtype=dt)[:, :hidden]
     return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
                                                     torch.empty(rows), e(dh_dt) if dh_dt else None, None, spec,
                                                     True, True, None)
@@ -356,19 +410,25 @@ def _bwd_call(rows, hidden, streams):
 
 def _differing(what: str, ops: dict, keep=lambda op: True) -> list[str]:
     """[a line naming every form's instructions] where the forms' ops (those `keep` takes) differ."""
-    ops = {form: {k: v for k, v in o.items() if keep(k)} for form, o in ops.items()}
+    def kept(k, v):
+        return {t: n for t, n in v.items() if keep(t[0])} if k == "reductions" else v
+
+    ops = {form: {k: kept(k, v) for k, v in o.items() if keep(k) or k == "reductions"} for form, o in ops.items()}
     first = next(iter(ops.values()))
     if all(v == first for v in ops.values()):
         return []
     return [f"{what}: " + "; ".join(f"{form} {sorted(v.items())}" for form, v in ops.items())]
 
 
-def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
+def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     """The backward's load forms at each width and stream dtypes (on the width's bf16 entry,
     descriptors forced), the backward forms the plans take at T 1, 300 and 16384, and the
     forward's load forms where the table reads through descriptors, compiled for `target`:
-    a line for every set whose forms compile to different floating-point instructions (a
-    product fused into an add in one form and rounded alone in another gives other bits)."""
+    a line for every set whose forms compile to different floating-point instructions or
+    reduction trees (a product fused into an add in one form and rounded alone in
+    another, or a row summed in another order, gives other bits). The planned forms are
+    compared on rows of the width's stride and on rows whose stride (hidden + 4 values)
+    rules descriptors out: where rows lie changes no bit."""
     import trainnorm
     from trainnorm import configs
     bad = []
@@ -389,6 +449,8 @@ def check_load_forms(target, widths=(1024, 4096), rows=16384) -> list[str]:
     for hidden in PLANNED_WIDTHS:
         for streams in LOAD_FORM_STREAMS:
             ops = {f"T {t}": _form_ops(target, _bwd_call(t, hidden, streams), planned) for t in PLANNED_ROWS}
+            ops[f"T {PLANNED_ROWS[-1]}, stride {hidden + 4}"] = _form_ops(
+                target, _bwd_call(PLANNED_ROWS[-1], hidden, streams, pad=4), planned)
             bad += _differing(f"H {hidden}, {streams[0]}, the planned forms", ops, keep=lambda op: op.endswith("f32"))
     # the forward's plain and descriptor forms, where the table reads through descriptors
     # (H 1536; H 6144 with a float32 weight), with and without a (16-bit) residual
