@@ -12,6 +12,7 @@ one block may have is reported and the exit status is 1.
 
     python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces]
     python -m trainnorm.dev.compile_check --load-forms
+    python -m trainnorm.dev.compile_check --planned
 
 Besides the forms the table's plans launch (every measured width, odd and
 wide widths, dtypes, residual, gate in both orders, per-head views, both dw
@@ -363,9 +364,28 @@ def float_ops(form, target) -> dict:
     kernel, signature, constexprs, attrs, options, _, _ = form
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=options.__dict__)
-    ops = dict(collections.Counter(FLOAT_OPS.findall(compiled.asm["ptx"])))
+    ops = dict(collections.Counter(FLOAT_OPS.findall(_without_identities(compiled.asm["ptx"]))))
     ops["reductions"] = reduction_trees(compiled.asm["ttgir"])
     return ops
+
+
+NEG_ZERO = "0f80000000"
+
+
+def _without_identities(ptx: str) -> str:
+    """The PTX without the float32 multiply-adds that round nothing: a * b + (-0), which is
+    a * b rounded once, bit for bit (x + -0 = x for every x, -0 and +0 included), and
+    a * (-0) + c, which is c. Triton 3.9 writes masked-off rows' products and pass-throughs
+    so (the H 128 float32-stream backward: fma with a -0 register as the addend), 3.6 as
+    plain multiplies; counted as they are, the two would read as a fused product."""
+    zeros = set(re.findall(rf"mov\.b32\s+(%r\d+), {NEG_ZERO};", ptx)) | {NEG_ZERO}
+    keep = []
+    for line in ptx.splitlines():
+        m = re.match(r"\s*fma\.rn\.f32\s+%r\d+, ([%\w]+), ([%\w]+), ([%\w]+);", line)
+        if m and (m.group(3) in zeros or m.group(1) in zeros or m.group(2) in zeros):
+            continue
+        keep.append(line)
+    return "\n".join(keep)
 
 
 @contextlib.contextmanager
@@ -466,6 +486,60 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
                     ops[f"stages {stages}"] = _form_ops(target, call, ("fwd_one_tile_kernel",),
                                                         forward=base.replace(tma_stages=stages))
             bad += _differing(f"forward H {hidden}, weight {w_dt}, residual {residual}", ops)
+    return bad
+
+
+# --- every width's planned forms: batch invariance and the modes, statically -------------------
+
+# (name, x dtype, dy dtype, h dtype, dh: none / the stream's dtype, gate: None / "after" / "first",
+# op variant): the backward's stream sets
+PLANNED_SETS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, ""),
+                ("fp16", torch.float16, torch.float16, torch.float16, None, None, ""),
+                ("bf16 residual", torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, None, ""),
+                ("gated, norm first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "after", ""),
+                ("gated, gate first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "first", ""),
+                ("float32 stream, explicit", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None, ""),
+                ("float32 stream, autograd", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None,
+                 "x:bf16"),
+                ("float32 y", torch.bfloat16, torch.float32, torch.bfloat16, None, None, ""))
+# token counts through every dw form of the windows (one chunk, column slices, chunks) and
+# the fast mode's atomic form past atomic_min_rows
+PLANNED_ALL_ROWS = (1, 16, 64, 300, 4096, 65536)
+PLANNED_UNSEEN = (768, 1000, 2560, 3072, 8192)
+
+
+def _planned_call(rows, hidden, case, deterministic):
+    import trainnorm
+    _, x_dt, dy_dt, h_dt, dh_dt, gate, spec = case
+    e = lambda dt: torch.empty(rows, hidden, dtype=dt)
+    w = torch.empty(hidden, dtype=x_dt)
+    if gate:
+        return lambda: trainnorm.rms_norm_gated_backward(e(dy_dt), e(h_dt), e(x_dt), w, torch.empty(rows),
+                                                         norm_before_gate=gate == "after",
+                                                         deterministic=deterministic)
+    return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), w, torch.empty(rows),
+                                                    e(dh_dt) if dh_dt else None, None, spec, deterministic, True,
+                                                    None)
+
+
+def check_planned(target, widths=None) -> list[str]:
+    """For every width (the table's and PLANNED_UNSEEN) and stream set, the backward form the
+    plans launch at each of PLANNED_ALL_ROWS, in both modes from T 4096: a line for every set
+    whose forms differ in float32 instructions or float32 reduction trees, i.e. where a row's
+    dx could follow T (batch invariance) or the mode (SPEC: the modes give the same dx).
+    dw's float64 sums differ between dw forms by design and are left out."""
+    planned = ("bwd_one_tile_kernel", "bwd_col_slices_kernel", "bwd_col_tiles_kernel")
+    bad = []
+    for hidden in widths or sorted(set(table_widths()) | set(PLANNED_UNSEEN)):
+        for case in PLANNED_SETS:
+            ops = {}
+            for rows in PLANNED_ALL_ROWS:
+                for det in ((True, False) if rows >= 4096 else (True,)):
+                    ops[f"T {rows}{'' if det else ' fast'}"] = _form_ops(target, _planned_call(rows, hidden, case, det),
+                                                                         planned)
+            found = _differing(f"H {hidden}, {case[0]}", ops, keep=lambda op: op.endswith("f32"))
+            print(f"  H {hidden}, {case[0]}: {'differ' if found else 'the same'}", flush=True)
+            bad += found
     return bad
 
 
@@ -589,6 +663,9 @@ def parse_args(argv=None):
     p.add_argument("--load-forms", action="store_true",
                    help="only check that the load forms (plain, prefetch, tensor descriptors) and the backward "
                         "forms the plans take as T grows compile to the same floating-point instructions")
+    p.add_argument("--planned", action="store_true",
+                   help="only check that at every width the backward forms the plans take as T grows, and in both "
+                        "modes, compile to the same float32 instructions and row-sum orders (minutes)")
     return p.parse_args(argv)
 
 
@@ -602,6 +679,13 @@ def main(argv=None) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     target = GPUTarget("cuda", args.arch, 32)
+    if args.planned:
+        bad = check_planned(target)
+        for line in bad:
+            print("  PLANNED FORMS DIFFER ", line)
+        print(f"planned forms (Triton {triton.__version__}, sm_{args.arch}):", "the same at every T and in both modes"
+              if not bad else f"{len(bad)} stream sets differ")
+        return 1 if bad else 0
     if args.load_forms:
         bad = check_load_forms(target)
         for line in bad:
