@@ -19,8 +19,12 @@ case "$phase" in
   test)   # WORKERS pytest-xdist workers share the GPU for all but the bigmem tests, which then
           # run alone, one after another (tests/conftest.py)
           par=(); python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-4}" -gt 1 ] && par=(-n "${WORKERS:-4}")
-          { timeout "${LIMIT:-480}" python3 -m pytest -q "${par[@]}" -m "not bigmem" tests "$@" &&
-            timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"; } 2>&1 | tee "$d/log" | tail -40 ;;
+          # both passes run whatever the first gives; their summaries are repeated at the end
+          { timeout "${LIMIT:-480}" python3 -m pytest -q "${par[@]}" -m "not bigmem" tests "$@"
+            echo "pass 1 (not bigmem): exit $?"
+            timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"
+            echo "pass 2 (bigmem): exit $?"; } 2>&1 | tee "$d/log" | tail -40
+          grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|^pass [12] " "$d/log" | tail -30 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bits)   # alone on the GPU: beside the test suite both sides ran past 250 s on an H100
           { PYTHONPATH="$1" timeout "${LIMIT:-480}" python3 src/trainnorm/dev/bits.py --out "$d/old.json" > "$d/old.log" 2>&1 &
