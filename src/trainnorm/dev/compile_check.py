@@ -296,23 +296,33 @@ def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):
 # tensors out in registers nor lets the compiler fuse a product into an add
 LOAD_FORMS = {"plain": dict(tma_stages=0, prefetch=False), "prefetch": dict(tma_stages=0, prefetch=True),
               "descriptors": dict(tma_stages=4, prefetch=False)}
-# (name, dy dtype, h dtype, dh dtype or None, op variant): the streams the plans read
-LOAD_FORM_STREAMS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, ""),
-                     ("float32 stream, explicit", torch.bfloat16, torch.float32, torch.float32, ""),
-                     ("float32 stream, autograd", torch.bfloat16, torch.float32, torch.float32, "x:bf16"),
-                     ("float32 y", torch.float32, torch.bfloat16, None, ""))
-# the instructions whose count moves when a product is fused into an add in one form and
-# rounded alone in another (plain products are left out: the compiler may compute one
-# twice, which changes no bits)
+# (name, x dtype, dy dtype, h dtype, dh dtype or None, gate: None / "after" / "first", op
+# variant): the backward's stream sets
+PLANNED_SETS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, ""),
+                ("fp16", torch.float16, torch.float16, torch.float16, None, None, ""),
+                ("bf16 residual", torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, None, ""),
+                ("gated, norm first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "after", ""),
+                ("gated, gate first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "first", ""),
+                ("float32 stream, explicit", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None, ""),
+                ("float32 stream, autograd", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None,
+                 "x:bf16"),
+                ("float32 y", torch.bfloat16, torch.float32, torch.bfloat16, None, None, ""))
+# the sets the load forms are compared on: the residual stream in bf16 and in float32
+# (both entry points), and y in float32
+LOAD_FORM_STREAMS = tuple(c for c in PLANNED_SETS if c[0] in ("bf16 residual", "float32 stream, explicit",
+                                                                "float32 stream, autograd", "float32 y"))
 FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
-# widths and row counts whose planned backward forms are compared (float32 instructions:
-# dw's float64 sums differ between dw forms by design)
-PLANNED_WIDTHS = (512, 1000, 4096, 6144)
 # widths of the load-form comparison: narrow tiles of several rows (128, 512: a float32
 # stream beside a 16-bit one took another layout there under descriptors), a width that
 # is not a multiple of 16 values (1000: plain loads unvectorised), and wide one-row tiles
 LOAD_FORM_WIDTHS = (128, 512, 1000, 1024, 4096)
+# widths and row counts whose planned backward forms --load-forms compares (float32
+# instructions: dw's float64 sums differ between dw forms by design)
+PLANNED_WIDTHS = (512, 1000, 4096, 6144)
 PLANNED_ROWS = (1, 300, 16384)
+# the instructions whose count moves when a product is fused into an add in one form and
+# rounded alone in another (plain products are left out: the compiler may compute one
+# twice, which changes no bits)
 FLOAT_OPS = re.compile(r"\b((?:fma|add|sub|div|rsqrt|sqrt)\.[a-z.]*f(?:32|64))\b")
 
 
@@ -345,7 +355,7 @@ def reduction_trees(ttgir: str) -> dict:
     trees = collections.Counter()
     for axis, shape, dtype, layout in REDUCE.findall(ttgir):
         axis, dims, layout = int(axis), [int(d) for d in shape.split("x")], resolve(layout)
-        m = BLOCKED.fullmatch(layout[:BLOCKED.match(layout).end()]) if BLOCKED.match(layout) else None
+        m = BLOCKED.match(layout)
         if m:
             spt, tpw, wpc = ([int(v) for v in g.split(",")][axis] for g in m.groups())
             split = f"{spt} a thread, {tpw} lanes, {wpc} warps"
@@ -419,13 +429,20 @@ def _form_ops(target, call, kernels, **override) -> dict:
     return float_ops(one, target)
 
 
-def _bwd_call(rows, hidden, streams, pad=0):
-    """The backward op on uninitialised rows; pad: the rows' stride exceeds hidden by this."""
-    _, dy_dt, h_dt, dh_dt, spec = streams
+def _bwd_call(rows, hidden, case, deterministic=True, pad=0):
+    """The backward of a stream set (PLANNED_SETS) on uninitialised rows; pad: the rows'
+    stride exceeds hidden by this."""
+    import trainnorm
+    _, x_dt, dy_dt, h_dt, dh_dt, gate, spec = case
     e = lambda dt: torch.empty(rows, hidden + pad, dtype=dt)[:, :hidden]
-    return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), torch.empty(hidden, dtype=torch.bfloat16),
-                                                    torch.empty(rows), e(dh_dt) if dh_dt else None, None, spec,
-                                                    True, True, None)
+    w = torch.empty(hidden, dtype=x_dt)
+    if gate:
+        return lambda: trainnorm.rms_norm_gated_backward(e(dy_dt), e(h_dt), e(x_dt), w, torch.empty(rows),
+                                                         norm_before_gate=gate == "after",
+                                                         deterministic=deterministic)
+    return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), w, torch.empty(rows),
+                                                    e(dh_dt) if dh_dt else None, None, spec, deterministic, True,
+                                                    None)
 
 
 def _differing(what: str, ops: dict, keep=lambda op: True) -> list[str]:
@@ -491,35 +508,10 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
 
 # --- every width's planned forms: batch invariance and the modes, statically -------------------
 
-# (name, x dtype, dy dtype, h dtype, dh: none / the stream's dtype, gate: None / "after" / "first",
-# op variant): the backward's stream sets
-PLANNED_SETS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, None, ""),
-                ("fp16", torch.float16, torch.float16, torch.float16, None, None, ""),
-                ("bf16 residual", torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, None, ""),
-                ("gated, norm first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "after", ""),
-                ("gated, gate first", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, "first", ""),
-                ("float32 stream, explicit", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None, ""),
-                ("float32 stream, autograd", torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, None,
-                 "x:bf16"),
-                ("float32 y", torch.bfloat16, torch.float32, torch.bfloat16, None, None, ""))
 # token counts through every dw form of the windows (one chunk, column slices, chunks) and
 # the fast mode's atomic form past atomic_min_rows
 PLANNED_ALL_ROWS = (1, 16, 64, 300, 4096, 65536)
 PLANNED_UNSEEN = (768, 1000, 2560, 3072, 8192)
-
-
-def _planned_call(rows, hidden, case, deterministic):
-    import trainnorm
-    _, x_dt, dy_dt, h_dt, dh_dt, gate, spec = case
-    e = lambda dt: torch.empty(rows, hidden, dtype=dt)
-    w = torch.empty(hidden, dtype=x_dt)
-    if gate:
-        return lambda: trainnorm.rms_norm_gated_backward(e(dy_dt), e(h_dt), e(x_dt), w, torch.empty(rows),
-                                                         norm_before_gate=gate == "after",
-                                                         deterministic=deterministic)
-    return lambda: torch.ops.trainnorm.rms_norm_bwd(e(dy_dt), e(h_dt), w, torch.empty(rows),
-                                                    e(dh_dt) if dh_dt else None, None, spec, deterministic, True,
-                                                    None)
 
 
 def check_planned(target, widths=None) -> list[str]:
@@ -535,7 +527,7 @@ def check_planned(target, widths=None) -> list[str]:
             ops = {}
             for rows in PLANNED_ALL_ROWS:
                 for det in ((True, False) if rows >= 4096 else (True,)):
-                    ops[f"T {rows}{'' if det else ' fast'}"] = _form_ops(target, _planned_call(rows, hidden, case, det),
+                    ops[f"T {rows}{'' if det else ' fast'}"] = _form_ops(target, _bwd_call(rows, hidden, case, det),
                                                                          planned)
             found = _differing(f"H {hidden}, {case[0]}", ops, keep=lambda op: op.endswith("f32"))
             print(f"  H {hidden}, {case[0]}: {'differ' if found else 'the same'}", flush=True)
@@ -679,20 +671,17 @@ def main(argv=None) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     target = GPUTarget("cuda", args.arch, 32)
-    if args.planned:
-        bad = check_planned(target)
-        for line in bad:
-            print("  PLANNED FORMS DIFFER ", line)
-        print(f"planned forms (Triton {triton.__version__}, sm_{args.arch}):", "the same at every T and in both modes"
-              if not bad else f"{len(bad)} stream sets differ")
-        return 1 if bad else 0
-    if args.load_forms:
-        bad = check_load_forms(target)
-        for line in bad:
-            print("  LOAD FORMS DIFFER ", line)
-        print(f"load forms (Triton {triton.__version__}, sm_{args.arch}):", "the same floating-point instructions"
-              if not bad else f"{len(bad)} stream sets differ")
-        return 1 if bad else 0
+    for wanted, check, what, same in ((args.planned, check_planned, "planned forms",
+                                       "the same at every T and in both modes"),
+                                      (args.load_forms, check_load_forms, "load forms",
+                                       "the same floating-point instructions")):
+        if wanted:
+            bad = check(target)
+            for line in bad:
+                print(f"  {what.upper()} DIFFER ", line)
+            print(f"{what} (Triton {triton.__version__}, sm_{args.arch}):",
+                  same if not bad else f"{len(bad)} stream sets differ")
+            return 1 if bad else 0
     launches = collect(args, target)
     bad = 0
     forms = [form for _, form in sorted(launches.forms.items(), key=lambda kv: kv[0])]
