@@ -11,6 +11,11 @@ from trainnorm.configs import table as tables
 from trainnorm.dev import tune
 
 
+def _as_stored(fields: dict) -> dict:
+    """A config's fields as the raw JSON reads them back (tuples as lists)."""
+    return json.loads(json.dumps(fields))
+
+
 def stub_timer(calls: list, time_of):
     """A stand-in for tune.time_fns: runs each candidate once (through the kernels), records
     its name in calls and reports time_of(name, position) us."""
@@ -117,6 +122,45 @@ def test_choose_small_window():
     assert tune.choose_small(res)[:2] == ("plain", 0)
 
 
+def test_rows_candidates_keep_the_column_layout():
+    fwd = lambda bm, bn, nw, **kw: FwdConfig.from_fields(block_m=bm, block_n=bn, num_warps=nw, **kw)
+    # 16-byte vectors of a row whatever the rows: every count up to 64 elements a thread
+    assert tune.rows_candidates(fwd(2, 4096, 8), 4096) == [1, 2, 4]
+    assert tune.rows_candidates(fwd(2, 512, 2), 512) == [1, 2, 4, 8]
+    # a tile holding fewer elements than threads x vector keeps its narrower vector: only itself
+    assert tune.rows_candidates(fwd(4, 64, 2), 64) == [4]
+    assert tune.rows_candidates(fwd(4, 256, 4), 256, elt=4) == [2, 4, 8, 16, 32]      # float32: 4 a vector
+    # rows walked in column tiles: every tile of a row in flight, 64 elements a thread at most
+    assert tune.rows_candidates(fwd(1, 2048, 8), 5120) == [1, 2]
+
+
+def test_choose_rows():
+    t = {1: {1: 4.4, 2: 4.5, 4: 4.6}, 16: {1: 4.9, 2: 5.5, 4: 5.8}, 1024: {1: 10.1, 2: 10.3, 4: 9.7},
+         65536: {1: 284.0, 2: 268.0, 4: 261.0}}
+    # the fewest rows where they pay, the most from T 1024 on: the largest T's count is the tile's
+    assert tune.choose_rows(t, 2) == (4, ((16, 1),))
+    # within the noise of the entry's own count, the entry's own stays
+    t = {1: {1: 4.46, 2: 4.48}, 16: {1: 4.83, 2: 4.83}, 65536: {1: 45.4, 2: 38.9}}
+    assert tune.choose_rows(t, 2) == (2, ())
+    # a count that pays only in the middle gets a window of its own
+    t = {1: {1: 4.5, 2: 4.5}, 16: {1: 4.0, 2: 5.0}, 256: {1: 6.0, 2: 5.0}, 4096: {1: 5.0, 2: 6.0}}
+    assert tune.choose_rows(t, 2) == (1, ((1, 2), (16, 1), (256, 2)))
+
+
+def test_rows_block_m_checked_and_stored():
+    base = FwdConfig.from_fields(block_m=4, block_n=4096, num_warps=8)
+    cfg = base.replace(rows_block_m=[[64, 1], [512, 2]])
+    assert cfg.rows_block_m == ((64, 1), (512, 2))
+    assert [cfg.tile_rows(r) for r in (1, 64, 65, 512, 513, 10 ** 6)] == [1, 1, 2, 2, 4, 4]
+    assert base.tile_rows(1) == 4
+    for bad in ([[64, 3]], [[512, 1], [64, 2]], [[0, 1]], [[64]]):
+        with pytest.raises(ValueError, match="rows_block_m"):
+            base.replace(rows_block_m=bad)
+    entry = tables.to_entry("forward", 4096, 2, "plain", cfg, ["n"])
+    assert entry["schedule"] == {"rows_block_m": [[64, 1], [512, 2]]}
+    assert json.loads(json.dumps(entry)) == entry and tables.to_config("forward", entry) == cfg
+
+
 def test_atomic_min_rows():
     # (det us, atomic us, rows) per T: from the first count from which the atomic form is never slower
     assert tune.atomic_min_rows({256: (9.0, 12.0, 0), 1024: (20.0, 19.0, 0), 4096: (50.0, 49.0, 0)}, 1) == 1024
@@ -199,6 +243,46 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert torch.isfinite(dx.float()).all() and torch.isfinite(dw).all()
 
 
+def test_sweep_rows_end_to_end(tmp_path, monkeypatch, device):
+    # --sweep-rows on the table's H 512 entry (bm2 w2) under a stub timer that makes one row a
+    # tile fastest at T 1 and four from T 4: the entry gets tile bm4 and a window (1, 1), keeps
+    # its other notes, and the package runs it with the bits of the entry's own tile
+    import torch
+
+    import trainnorm
+    times = {1: {1: 1.0, 2: 2.0, 4: 3.0, 8: 4.0}, 4: {1: 3.0, 2: 2.0, 4: 1.0, 8: 2.5}}
+    seen = []
+
+    def timer(fns, flush, **kw):
+        tokens = len(seen)
+        seen.append(sorted(fns))
+        for fn in fns.values():
+            fn()
+        return {bm: times[tune.ROWS_T[tokens]][bm] for bm in fns}
+    monkeypatch.setattr(tune, "time_fns", timer)
+    monkeypatch.setattr(tune, "ROWS_T", (1, 4))
+    monkeypatch.setattr(tune, "ROWS_BITS_T", 24)
+    path = str(tmp_path / "sm_90.json")
+    run = tune.Run(table=tune.start_table(path, "sm_90"), table_path=path, out=str(tmp_path), device=device,
+                   log=lambda s: None)
+    before = copy.deepcopy(tune.find_entry(run.table, "forward", 512, "plain"))
+    tune.tune_rows(run, [512])
+    assert seen == [[1, 2, 4, 8], [1, 2, 4, 8]]
+    entry = tune.find_entry(_reread(path), "forward", 512, "plain")
+    cfg = tables.to_config("forward", entry)
+    assert (cfg.tile.block_m, cfg.rows_block_m) == (4, ((1, 1),))
+    assert cfg.replace(block_m=2, rows_block_m=()) == tables.to_config("forward", before)
+    assert entry["notes"][:-1] == before["notes"] and entry["notes"][-1].startswith("rows: tile bm4, windows [(1, 1)]")
+    x = torch.randn(37, 512, device=device).to(torch.bfloat16)
+    w = torch.randn(512, device=device).to(torch.bfloat16)
+    with configs.override(forward=tune.only(512, "plain", tables.to_config("forward", before))):
+        ref = [trainnorm.rms_norm_forward(x[:n], w)[:2] for n in (1, 37)]
+    with configs.override(forward=tune.only(512, "plain", cfg)):
+        got = [trainnorm.rms_norm_forward(x[:n], w)[:2] for n in (1, 37)]
+    for (y0, r0), (y1, r1) in zip(ref, got):
+        assert torch.equal(y0, y1) and torch.equal(r0, r1)
+
+
 def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, device):
     # --probe-defaults: at widths the table does not hold, the rules' configs and single edits
     # of them each run once through the kernels (a stub timer), agree with the rule's outputs,
@@ -215,7 +299,7 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         bwd, fwd = tune.default_edits(hidden)
         got = raw[f"bwd H{hidden} rows {rows}"]
         assert set(got["times"]) == set(bwd), "every backward edit agreed with the rule and was timed"
-        assert got["configs"]["rule"] == configs.default_backward(hidden, 2).fields()
+        assert got["configs"]["rule"] == _as_stored(configs.default_backward(hidden, 2).fields())
         assert set(raw[f"fwd H{hidden} rows {rows}"]["times"]) == set(fwd)
         assert {"w/2", "plain loads", "two pieces" if hidden == 96 else "no dw_2d"} <= set(bwd)
     # the gated forward's rule against the plain tile and its edits, at a width the table holds too
@@ -225,6 +309,7 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         got = raw[f"gated fwd H{hidden} rows {rows}"]
         cands = tune.gated_forward_edits(hidden)
         assert set(got["times"]) == set(cands) and {"rule", "plain tile", "w/2"} <= set(cands)
-        assert got["configs"]["rule"] == configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields()
-        assert got["configs"]["plain tile"] == configs.forward_config(configs.forward_key(hidden, 2)).fields()
+        assert got["configs"]["rule"] == _as_stored(
+            configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields())
+        assert got["configs"]["plain tile"] == _as_stored(configs.forward_config(configs.forward_key(hidden, 2)).fields())
     assert not (tmp_path / "sm_90.json").exists()

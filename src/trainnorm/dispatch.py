@@ -56,9 +56,10 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
 
     plan = forward_plan(hidden, x.dtype, weight.dtype if weight is not None else None, variant, arch_of(x.device))
     cfg = plan.cfg
+    block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
+    common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps, **FP_FUSION)
     with device_guard(x):
         if plan.one_tile:
@@ -67,10 +68,10 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             mixed = rv is not None and rv.element_size() != x.element_size()
             stages = 0 if mixed else descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt),
                                                        elt=x.element_size(), block_n=cfg.block_n, hidden=hidden)
-            tiles = cdiv(rows, cfg.block_m)
+            tiles = cdiv(rows, block_m)
             if stages:
-                desc_x = row_descriptor(xv, sxt, rows, hidden, cfg.block_m, cfg.block_n)
-                desc_r = row_descriptor(rv, srt, rows, hidden, cfg.block_m, cfg.block_n) if rv is not None else None
+                desc_x = row_descriptor(xv, sxt, rows, hidden, block_m, cfg.block_n)
+                desc_r = row_descriptor(rv, srt, rows, hidden, block_m, cfg.block_n) if rv is not None else None
                 grid = min(tiles, cfg.ctas_per_sm * sm_count(x.device))
             else:
                 desc_x, desc_r, grid = None, None, tiles
@@ -79,7 +80,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
                 eps, BLOCK_N2=cfg.block_n2, TMA_STAGES=stages or None,
                 EARLY_WEIGHT=bool(stages) or plan.early_weight, **common)
         else:
-            fwd_col_tiles_kernel[(cdiv(rows, cfg.block_m),)](
+            fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, **common)
     return y, rstd, h

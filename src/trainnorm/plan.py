@@ -81,6 +81,11 @@ class ForwardPlan:
     def one_tile(self) -> bool:
         return self.col_tiles == 1
 
+    def block_m(self, rows: int) -> int:
+        """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
+        says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
+        return self.cfg.tile_rows(rows)
+
 
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
     cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))

@@ -157,6 +157,26 @@ class FwdSchedule:
     # layout allows it (rows.descriptor_stages)
     tma_stages: int = 0
     ctas_per_sm: int = 2
+    # rows per tile by row count: ((max_rows, block_m), ...) in rising max_rows; up to
+    # max_rows rows the tile holds block_m rows, past the last window the tile's own.
+    # Only the rows change: block_n and num_warps, and with them the split of a row's
+    # columns over a thread's values, the lanes and the warps that fixes the order of its
+    # sum, stay the tile's, so y and rstd are the same bits at every row count
+    # (trainnorm.dev.compile_check --planned compares the forms' row-sum trees; the GPU
+    # suite their bits). Timing only: fewer rows a program where there are few rows.
+    rows_block_m: tuple = ()
+
+    def __post_init__(self):
+        windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)
+        object.__setattr__(self, "rows_block_m", windows)
+        if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \
+                any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
+            raise ValueError(f"rows_block_m must be (max_rows, block_m) pairs in rising max_rows with block_m a "
+                             f"power of two, got {self.rows_block_m}")
+
+    def block_m(self, rows: int, default: int) -> int:
+        """Rows per tile for a launch of `rows` rows (`default`: the tile's)."""
+        return next((bm for top, bm in self.rows_block_m if rows <= top), default)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,10 @@ class FwdConfig(_Parts):
 
     def col_tiles(self, hidden: int) -> int:
         return self.tile.col_tiles(hidden)
+
+    def tile_rows(self, rows: int) -> int:
+        """Rows per tile for a launch over `rows` rows (FwdSchedule.rows_block_m)."""
+        return self.schedule.block_m(rows, self.tile.block_m)
 
 
 @dataclass(frozen=True)

@@ -70,12 +70,17 @@ def to_entry(op: str, hidden: int, elt: int, kind: str, cfg, notes=()) -> dict:
     entry = {"hidden": hidden, "elt": elt, "kind": kind}
     for f in fields(cfg):
         part = getattr(cfg, f.name)
-        vals = {pf.name: getattr(part, pf.name) for pf in fields(part)
+        vals = {pf.name: _stored(getattr(part, pf.name)) for pf in fields(part)
                 if getattr(part, pf.name) != pf.default}
         if vals:
             entry[f.name] = vals
     entry["notes"] = list(notes)
     return entry
+
+
+def _stored(value):
+    """A field as JSON reads it back: tuples (rows_block_m's windows) as lists."""
+    return [_stored(v) for v in value] if isinstance(value, tuple) else value
 
 
 def lookup(op: str, key: Key):

@@ -217,9 +217,9 @@ def exercise_slices(widths=(512, 1536, 2048, 4096, 5120, 6144, 8200), tiles=None
     import trainnorm
     from trainnorm import configs
     from trainnorm.dev.tune import ALWAYS, SMALL_SLICES
-    for bm, bn in SMALL_SLICES if tiles is None else tiles:
-        with configs.override(backward=lambda key, cfg, bm=bm, bn=bn: cfg.replace(
-                direct_max_rows=0, slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn)):
+    for bm, bn, split in SMALL_SLICES if tiles is None else tiles:
+        with configs.override(backward=lambda key, cfg, bm=bm, bn=bn, split=split: cfg.replace(
+                direct_max_rows=0, slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split)):
             for hidden in widths:
                 x, r, dy, dh, w = _case((64,), hidden, torch.bfloat16, torch.bfloat16)
                 rstd = torch.empty((64,), dtype=torch.float32)
@@ -333,14 +333,14 @@ BLOCKED = re.compile(r"#ttg\.blocked<\{sizePerThread = \[([\d, ]+)\], threadsPer
                      r"warpsPerCTA = \[([\d, ]+)\]")
 
 
-def reduction_trees(ttgir: str) -> dict:
+def reduction_trees(ttgir: str, last_axis_only: bool = False) -> dict:
     """{(element type, reduced extent, how the extent is split): count} of every reduction
     in a kernel's TTGIR. Triton reduces each thread's elements in register order, then
     across the lanes, then across the warps, so for a blocked layout the order of the
     additions follows the reduced axis's share of it alone: (elements a thread holds
     together, lanes, warps), the extent giving the repetitions. Two forms with the same
     trees and the same fused multiply-adds add in the same order; any other layout is
-    kept whole."""
+    kept whole. last_axis_only: only the sums along a 2-D tile's last axis (a row's columns)."""
     import collections
     aliases = dict(LAYOUT_ALIAS.findall(ttgir))
 
@@ -355,6 +355,8 @@ def reduction_trees(ttgir: str) -> dict:
     trees = collections.Counter()
     for axis, shape, dtype, layout in REDUCE.findall(ttgir):
         axis, dims, layout = int(axis), [int(d) for d in shape.split("x")], resolve(layout)
+        if last_axis_only and (len(dims) < 2 or axis != len(dims) - 1):
+            continue
         m = BLOCKED.match(layout)
         if m:
             spt, tpw, wpc = ([int(v) for v in g.split(",")][axis] for g in m.groups())
@@ -506,6 +508,60 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     return bad
 
 
+# --- the forward's rows per tile: one order of a row's sum at every row count ---------------------
+
+def _fwd_call(hidden, kind, residual, rows=16384):
+    import trainnorm
+    e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
+    w = torch.empty(hidden, dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+    if kind == "gated":
+        return lambda: trainnorm.rms_norm_gated_forward(e(), e(), w)
+    return lambda: trainnorm.rms_norm_forward(e(), w, residual=e() if residual else None)
+
+
+def check_forward_rows(target, entries=None) -> list[str]:
+    """Every forward entry of the sm_90 table with rows per tile by row count
+    (FwdSchedule.rows_block_m), compiled at each of its row counts, with and without a
+    residual: a line for every entry whose forms sum a row's columns in other orders
+    (reduction_trees along the last axis; the sums over a tile's rows, which count the
+    rows, are left out). entries: [(hidden, kind, FwdConfig)] instead of the table's."""
+    from trainnorm import configs
+    from trainnorm.configs import table as tables
+    if entries is None:
+        entries = [(e["hidden"], e["kind"], tables.to_config("forward", e))
+                   for e in tables.load(configs.DEFAULT_ARCH)["forward"] if e["elt"] == 2]
+    bad = []
+    kernels = ("fwd_one_tile_kernel", "fwd_col_tiles_kernel")
+    for hidden, kind, cfg in entries:
+        counts = sorted({cfg.tile.block_m} | {bm for _, bm in cfg.rows_block_m})
+        if len(counts) == 1:
+            continue
+        for residual in ((False, True) if kind != "gated" else (False,)):
+            trees = {}
+            for bm in counts:
+                launches = Launches(target)
+                with recording(launches), configs.override(forward=lambda key, c, bm=bm, hidden=hidden, kind=kind:
+                                                           cfg.replace(block_m=bm, rows_block_m=())
+                                                           if (key.hidden, key.kind) == (hidden, kind) else None):
+                    _fwd_call(hidden, kind, residual)()
+                (form,) = [f for k, f in launches.forms.items() if k[0] in kernels]
+                trees[f"bm{bm}"] = {"reductions": _row_sums(form, target)}
+            found = _differing(f"forward H {hidden} {kind}{' residual' if residual else ''}, rows per tile", trees)
+            print(f"  forward H {hidden} {kind}{' residual' if residual else ''} rows per tile {counts}: "
+                  f"{'differ' if found else 'the same'}", flush=True)
+            bad += found
+    return bad
+
+
+def _row_sums(form, target) -> dict:
+    import triton
+    from triton.compiler import ASTSource
+    kernel, signature, constexprs, attrs, options, _, _ = form
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    return reduction_trees(compiled.asm["ttgir"], last_axis_only=True)
+
+
 # --- every width's planned forms: batch invariance and the modes, statically -------------------
 
 # token counts through every dw form of the windows (one chunk, column slices, chunks) and
@@ -632,7 +688,7 @@ def collect(args, target) -> Launches:
             else:
                 exercise(sorted(set(table_widths()) | set(ODD_WIDTHS)))
         if args.only in (None, "slices"):
-            exercise_slices(**(dict(widths=(4096,), tiles=((16, 64),)) if quick else {}))
+            exercise_slices(**(dict(widths=(4096,), tiles=((16, 64, False), (64, 32, True))) if quick else {}))
         if args.only in (None, "fwd-tma"):
             exercise_fwd_tma(**(dict(widths=(4096,), stages=(3,)) if quick else {}))
         if args.only in (None, "fwd-tiles"):
@@ -655,6 +711,9 @@ def parse_args(argv=None):
     p.add_argument("--load-forms", action="store_true",
                    help="only check that the load forms (plain, prefetch, tensor descriptors) and the backward "
                         "forms the plans take as T grows compile to the same floating-point instructions")
+    p.add_argument("--rows", action="store_true",
+                   help="only check that the forward entries' rows per tile (rows_block_m) sum a row's columns in "
+                        "one order at every row count")
     p.add_argument("--planned", action="store_true",
                    help="only check that at every width the backward forms the plans take as T grows, and in both "
                         "modes, compile to the same float32 instructions and row-sum orders (minutes)")
@@ -671,7 +730,9 @@ def main(argv=None) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     target = GPUTarget("cuda", args.arch, 32)
-    for wanted, check, what, same in ((args.planned, check_planned, "planned forms",
+    for wanted, check, what, same in ((args.rows, check_forward_rows, "forward rows per tile",
+                                       "one order of a row's sum at every row count"),
+                                      (args.planned, check_planned, "planned forms",
                                        "the same at every T and in both modes"),
                                       (args.load_forms, check_load_forms, "load forms",
                                        "the same floating-point instructions")):

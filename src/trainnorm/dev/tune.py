@@ -256,7 +256,7 @@ DW_2D_MAX_H = 2048      # dw_2d is swept up to this H (wider tiles hold too many
 SWEEP_SCHED = [(c, m) for c in (2, 4) for m in (132, 264, 528)]   # (ctas_per_sm, max_chunks)
 # the small-T fields of an entry, which --sweep-small measures and --sweep-bwd keeps
 SMALL_FIELDS = ("direct_max_rows", "slices_max_rows", "direct_prefetch", "direct_tma_stages", "slice_block_m",
-                "slice_block_n")
+                "slice_block_n", "split_roles")
 SMALL_NOTE = "table/"     # the notes --sweep-small writes start so
 
 
@@ -395,8 +395,11 @@ SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 # loads of the one-chunk form: (prefetch, tma_stages)
 SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
-# column-slice dw tiles (slice_block_m, slice_block_n); trainnorm.dev.compile_check compiles these
-SMALL_SLICES = ((16, 64), (16, 128), (32, 128), (16, 256))
+# column-slice dw tiles (slice_block_m, slice_block_n, split_roles); trainnorm.dev.compile_check
+# compiles these. With split roles the row programs and the slice programs run side by side, so
+# slices over all rows at once (up to 64 rows a step) and narrower slices (more programs) can pay
+SMALL_SLICES = ((16, 64, False), (16, 128, False), (32, 128, False), (16, 64, True), (32, 64, True),
+                (64, 64, True), (32, 32, True), (64, 32, True))
 ALWAYS = 1 << 40          # a window that covers every count
 
 
@@ -404,9 +407,10 @@ def loads_name(pf, st) -> str:
     return "plain" if not pf and not st else ("prefetch" if pf else f"tma{st}")
 
 
-def slices_name(bm, bn) -> str:
-    # the label of a column-slice tile in the table's notes ("table/cols16x64 us: ...")
-    return f"cols{bm}x{bn}"
+def slices_name(bm, bn, split=False) -> str:
+    # the label of a column-slice tile in the table's notes ("table/cols16x64 us: ...";
+    # "cols64x32s": split roles)
+    return f"cols{bm}x{bn}{'s' if split else ''}"
 
 
 def small_base(table: dict, hidden: int) -> BwdConfig:
@@ -427,9 +431,9 @@ def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
             cfg = base.replace(direct_max_rows=ALWAYS, direct_prefetch=pf, direct_tma_stages=st)
             fns[loads_name(pf, st)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                        _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
-        for bm, bn in SMALL_SLICES:
-            cfg = base.replace(slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn)
-            fns[slices_name(bm, bn)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+        for bm, bn, split in SMALL_SLICES:
+            cfg = base.replace(slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split)
+            fns[slices_name(bm, bn, split)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                         _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
         res[tokens] = time_fns(fns, run.flush, passes=3, samples=8)
         run.log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
@@ -487,8 +491,8 @@ def small_entry(base: BwdConfig, best, edge, sbest, sedge) -> BwdConfig:
         pf, st = next((p, s) for p, s in SMALL_LOADS if loads_name(p, s) == best)
         cfg = cfg.replace(direct_prefetch=pf, direct_tma_stages=st)
     if sbest is not None:
-        bm, bn = next((m, n) for m, n in SMALL_SLICES if slices_name(m, n) == sbest)
-        cfg = cfg.replace(slice_block_m=bm, slice_block_n=bn)
+        bm, bn, split = next(t for t in SMALL_SLICES if slices_name(*t) == sbest)
+        cfg = cfg.replace(slice_block_m=bm, slice_block_n=bn, split_roles=split)
     return cfg
 
 
@@ -634,6 +638,106 @@ def tune_fwd(run: Run, widths) -> None:
                                                      for t, r in res.items()}, "chosen": fwd_name(k)}
             run.log(f"{kind} H{hidden}: {note}")
             run.save("sweep-fwd.json")
+
+
+# --- the forward's rows per tile by row count (--sweep-rows) ------------------------------------
+
+ROWS_T = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+ROWS_BITS_T = 8192        # the rows the variants' bits are compared on
+ROWS_NOISE = 0.01         # a variant within this of the entry's own tile does not replace it
+ROWS_NOTE = "rows: "
+
+
+def rows_candidates(cfg: FwdConfig, hidden: int, elt: int = ELT) -> list[int]:
+    """Rows per tile that keep the entry's column layout (the tile's own among them):
+    block_n and num_warps stay, and each thread holds the tile's vector of a row (16
+    bytes, or the tile's elements over its threads where fewer: the compiler narrows the
+    vector there, and a row's sum changes order), at most 64 elements a thread (the
+    table's tiles hold 8-64) and 16384 a tile."""
+    def vector(bm):
+        return min(16 // elt, bm * cfg.block_n // (32 * cfg.num_warps))
+    out = []
+    for bm in (1, 2, 4, 8, 16, 32, 64):
+        per_thread = bm * cfg.block_n // (32 * cfg.num_warps)
+        if bm == cfg.tile.block_m or (vector(bm) == vector(cfg.tile.block_m) and per_thread * cfg.col_tiles(hidden) <= 64
+                                       and bm * (cfg.block_n + cfg.block_n2) <= 16384):
+            out.append(bm)
+    return out
+
+
+def _bits_outliers(hidden, rows, dev, w_dt):
+    g = torch.Generator(device=dev).manual_seed(1234)
+    x = torch.randn(rows, hidden, device=dev, generator=g)
+    x[:, ::97] *= 30
+    return x.to(torch.bfloat16), torch.randn(hidden, device=dev, generator=g).to(w_dt)
+
+
+def sweep_rows(run: Run, hidden: int, kind: str) -> tuple[dict, list[int]]:
+    """({T: {block_m: us}}, variants with other bits): the entry's tile with each row count
+    of rows_candidates, interleaved per T (ROWS_T); a variant whose y or rstd differ from
+    the tile's in one bit on outlier rows (ROWS_BITS_T; a residual too) is not timed."""
+    cfg = config_in(run.table, "forward", hidden, kind)
+    w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
+    x, w = _bits_outliers(hidden, ROWS_BITS_T, run.device, w_dt)
+    r = torch.randn_like(x)
+    own = cfg.tile.block_m
+    ref = [_fwd_with(cfg.replace(rows_block_m=()), hidden, x, w, kind, rr) for rr in (None, r)]
+    bms, differ = [], []
+    for bm in rows_candidates(cfg, hidden):
+        outs = [_fwd_with(cfg.replace(block_m=bm, rows_block_m=()), hidden, x, w, kind, rr) for rr in (None, r)]
+        same = all(torch.equal(a, b) for o, q in zip(outs, ref) for a, b in zip(o, q))
+        (bms if same else differ).append(bm)
+        if not same:
+            run.log(f"  {kind} H{hidden} bm{bm}: y / rstd / h differ from bm{own}'s bits; not timed")
+    res = {}
+    for tokens in ROWS_T:
+        x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
+        w = torch.randn(hidden, device=run.device).to(w_dt)
+        fns = {bm: (lambda c=cfg.replace(block_m=bm, rows_block_m=()), x=x, w=w: _fwd_with(c, hidden, x, w, kind))
+               for bm in bms}
+        res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
+        run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"bm{k} {v:.2f}" for k, v in res[tokens].items()))
+    return res, differ
+
+
+def choose_rows(res: dict, own: int) -> tuple[int, tuple]:
+    """(block_m, rows_block_m): per T the fastest row count, the entry's own wherever none is
+    faster by more than ROWS_NOISE; the largest T's becomes the tile's, and each earlier run
+    of one row count a window up to its last T (counts between two measured T take the
+    later one's)."""
+    toks = sorted(res)
+    pick = {}
+    for t in toks:
+        best = min(res[t], key=res[t].get)
+        pick[t] = own if own in res[t] and res[t][best] >= res[t][own] * (1 - ROWS_NOISE) else best
+    windows = []
+    for a, b in zip(toks, toks[1:]):
+        if pick[a] != pick[b]:
+            windows.append((a, pick[a]))
+    return pick[toks[-1]], tuple(windows)
+
+
+def tune_rows(run: Run, widths) -> None:
+    for hidden in widths:
+        for kind in ("plain", "weight_fp32"):
+            entry = find_entry(run.table, "forward", hidden, kind)
+            if entry is None:
+                continue
+            cfg = tables.to_config("forward", entry)
+            res, differ = sweep_rows(run, hidden, kind)
+            block_m, windows = choose_rows(res, cfg.tile.block_m)
+            times = "; ".join(f"T{t} " + ", ".join(f"bm{k} {v:.2f}" for k, v in r.items()) for t, r in res.items())
+            note = (f"{ROWS_NOTE}tile bm{block_m}, windows {list(windows) or 'none'} (python -m trainnorm.dev.tune "
+                    f"--sweep-rows; the tile's block_n and warps, y / rstd / h bit-equal on outlier rows at T "
+                    f"{ROWS_BITS_T}{'; other bits: ' + ', '.join(f'bm{b}' for b in differ) if differ else ''}): "
+                    f"{times} us")
+            notes = [n for n in entry.get("notes", []) if not n.startswith(ROWS_NOTE)] + [note]
+            write_entry(run.table, "forward", hidden, kind, cfg.replace(block_m=block_m, rows_block_m=windows),
+                        notes)
+            run.raw[f"{kind} {hidden}"] = {"times": {str(t): {str(k): v for k, v in r.items()} for t, r in res.items()},
+                                           "block_m": block_m, "rows_block_m": windows, "differ": differ}
+            run.log(f"{kind} H{hidden}: {note}")
+            run.save("sweep-rows.json")
 
 
 # --- the analytical defaults (--probe-defaults) -------------------------------------------------
@@ -848,6 +952,8 @@ def parse_args(argv=None):
     sweep.add_argument("--sweep-bwd", action="store_true", help="the backward's tile, loads, schedule and chunking")
     sweep.add_argument("--sweep-small", action="store_true", help="the backward's one-chunk and column-slice windows")
     sweep.add_argument("--sweep-fwd", action="store_true", help="the forward tile over token counts 1-65536")
+    sweep.add_argument("--sweep-rows", action="store_true",
+                       help="the forward entries' rows per tile by row count (the tile's column layout kept)")
     sweep.add_argument("--probe-defaults", action="store_true",
                        help="the analytical defaults against single edits of them at widths the table does not hold")
     sweep.add_argument("--probe-stream", action="store_true",
@@ -873,7 +979,7 @@ def main(argv=None) -> int:
     if args.hidden:
         widths = [int(h) for h in args.hidden.split(",")]
     else:
-        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd else
+        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd or args.sweep_rows else
                       GATED_WIDTHS if args.gated else BWD_WIDTHS)
     if args.sweep_bwd:
         known = SWEEP_TILES_GATED if args.gated else SWEEP_TILES
@@ -908,6 +1014,8 @@ def main(argv=None) -> int:
             tune_small(run, widths)
         elif args.sweep_fwd:
             tune_fwd(run, widths)
+        elif args.sweep_rows:
+            tune_rows(run, widths)
         else:
             tune_bwd(run, widths, args.gated)
         if not probe:
