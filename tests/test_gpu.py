@@ -126,7 +126,7 @@ def test_modes_equal_and_fast_repeat_dx(lead, hidden, kw):
 
 # 1000: a width off the table, whose chunked backward rounded a product that its one-chunk
 # form fused until 2dedf9a (sm_90 instruction counts; compile-check --load-forms)
-@pytest.mark.parametrize("hidden", [512, 1000, 4096, 6144])
+@pytest.mark.parametrize("hidden", [512, 1000, 1536, 2048, 4096, 6144])
 def test_batch_invariance(hidden):
     big = make_case("normal", (16384,), hidden, residual=True, seed=7, device="cuda")
     out_big = run_both(big)
@@ -134,6 +134,38 @@ def test_batch_invariance(hidden):
         sub = type(big)(big.x[lo:hi], big.weight, big.dy[lo:hi], big.residual[lo:hi], big.dh[lo:hi])
         for a, b, n in zip(out_big[:4], run_both(sub)[:4], ("y", "rstd", "h", "dx")):
             assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
+
+
+def _rows_entries():
+    from trainnorm.configs import table
+    return [(e["hidden"], e["kind"]) for e in table.load("sm_90")["forward"]
+            if e["elt"] == 2 and e.get("schedule", {}).get("rows_block_m")]
+
+
+@pytest.mark.parametrize("hidden,kind", _rows_entries() or [pytest.param(0, "", marks=pytest.mark.skip(
+    reason="no forward entry has rows per tile by row count"))])
+def test_forward_rows_per_tile_same_bits(hidden, kind):
+    # every row count a forward entry takes (FwdSchedule.rows_block_m) sums a row in one order:
+    # each forced over the same 8192 outlier rows gives the entry's own tile's bits (y, rstd,
+    # h; with a residual and with a gate where the entry's kind has one)
+    from trainnorm import configs
+    from trainnorm.configs import table
+    entry = next(e for e in table.load("sm_90")["forward"] if (e["hidden"], e["elt"], e["kind"]) == (hidden, 2, kind))
+    cfg = table.to_config("forward", entry)
+    case = make_case("outlier", (8192,), hidden, residual=True, seed=21, device="cuda",
+                     weight_dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+
+    def run(bm):
+        forced = cfg.replace(block_m=bm, rows_block_m=())
+        with configs.override(forward=lambda key, c: forced if (key.hidden, key.kind) == (hidden, kind) else None):
+            if kind == "gated":
+                return trainnorm.rms_norm_gated_forward(case.x, case.residual, case.weight)
+            return (*trainnorm.rms_norm_forward(case.x, case.weight, EPS)[:2],
+                    *trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual))
+    ref = run(cfg.tile.block_m)
+    for _, bm in cfg.rows_block_m:
+        for n, (a, b) in enumerate(zip(ref, run(bm))):
+            assert_bits_equal(a, b, f"H {hidden} {kind} bm{bm} against bm{cfg.tile.block_m}, output {n}")
 
 
 def test_cuda_graph_replay_bitwise():
