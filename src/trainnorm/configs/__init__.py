@@ -25,7 +25,10 @@ Invariants the numerics rely on (tests check them):
 - the forward and backward tiles are a function of the key only, never of
   the number of rows, the residual, the mode or the device: a row's
   reductions (sum of squares, c) keep one order, so y, rstd, h and dx are
-  batch-invariant and identical across modes;
+  batch-invariant and identical across modes. The one exception is the
+  forward's rows per tile (FwdSchedule.rows_block_m), which may follow the
+  row count because it keeps the tile's columns and warps, and with them the
+  order of a row's sum (`compile_check --rows`, the GPU suite);
 - the backward's row chunking is a function of (rows, key) only, never of
   the SM count: dw's reduction tree is the same on every GPU of an
   architecture.

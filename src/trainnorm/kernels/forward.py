@@ -34,8 +34,11 @@ The forms (plan.py picks one from the row width and the tile):
   the one-tile form, but a row holds no padding columns (H 5120 as five tiles
   of 1024 against one of 8192).
 
-The tile shape is a function of (H, dtype) only, so the reduction order of a
-row never depends on how many rows there are: y and rstd are batch-invariant.
+The tile's columns (block_n, warps, and so the split of a row's sum over a
+thread's values, the lanes and the warps) are a function of (H, dtype) only;
+the rows a tile holds may follow the row count (FwdSchedule.rows_block_m), which
+moves no addition of a row's sum. So the reduction order of a row never depends
+on how many rows there are: y and rstd are batch-invariant.
 """
 import triton
 import triton.language as tl
