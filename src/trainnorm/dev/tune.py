@@ -727,7 +727,8 @@ def tune_rows(run: Run, widths) -> None:
             res, differ = sweep_rows(run, hidden, kind)
             block_m, windows = choose_rows(res, cfg.tile.block_m)
             times = "; ".join(f"T{t} " + ", ".join(f"bm{k} {v:.2f}" for k, v in r.items()) for t, r in res.items())
-            note = (f"{ROWS_NOTE}tile bm{block_m}, windows {list(windows) or 'none'} (python -m trainnorm.dev.tune "
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
+            note = (f"{ROWS_NOTE}tile bm{block_m}, windows {list(windows) or 'none'} ({gpu}, python -m trainnorm.dev.tune "
                     f"--sweep-rows; the tile's block_n and warps, y / rstd / h bit-equal on outlier rows at T "
                     f"{ROWS_BITS_T}{'; other bits: ' + ', '.join(f'bm{b}' for b in differ) if differ else ''}): "
                     f"{times} us")
