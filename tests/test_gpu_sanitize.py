@@ -103,10 +103,13 @@ def test_empty_rows():
     ((40,), 8200, False, False),      # column tiles for dx, slices past the last full one
     ((16, 24), 256, False, True),     # two-level rows read in place
 ])
-def test_cols_form(lead, hidden, residual, query):
-    # the column-slice dw (DwForm.COL_SLICES), forced on: plain and gated, both modes
+@pytest.mark.parametrize("split,stages", [(False, 0), (True, 3)])
+def test_cols_form(lead, hidden, residual, query, split, stages):
+    # the column-slice dw (DwForm.COL_SLICES), forced on: plain and gated, both modes, every
+    # program both roles or the roles split and a slice's walk pipelined
     from trainnorm import configs
-    with configs.override(backward=lambda key, cfg: cfg.replace(slices_max_rows=1 << 40, slice_block_n=128)):
+    with configs.override(backward=lambda key, cfg: cfg.replace(slices_max_rows=1 << 40, slice_block_n=128,
+                                                                split_roles=split, slice_stages=stages)):
         case = make_case("outlier", lead, hidden, residual=residual, query_view=query, seed=5, device="cuda")
         rows = case.x.numel() // hidden
         assert bwd_plan(rows, hidden, torch.bfloat16, True, True).dw == DwForm.COL_SLICES

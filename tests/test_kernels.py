@@ -613,8 +613,11 @@ def test_cols_form(device, name):
             return trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh, deterministic=det)
 
     chunked = run(base)
-    for bm, bn in ((16, 32), (8, 128), (4, 16)):
-        cfg = base.replace(slices_max_rows=rows, slice_block_m=bm, slice_block_n=bn)
+    dws = {}
+    for bm, bn, split, stages in ((16, 32, False, 0), (8, 128, False, 0), (4, 16, False, 0), (16, 32, True, 0),
+                                  (4, 16, True, 3)):
+        cfg = base.replace(slices_max_rows=rows, slice_block_m=bm, slice_block_n=bn, split_roles=split,
+                           slice_stages=stages)
         with configs.override(backward=cfg):
             for det in (True, False):
                 p = bwd_plan(rows, hidden, dtype, det, True)
@@ -624,6 +627,11 @@ def test_cols_form(device, name):
         assert_bits_equal(out[0], chunked[0], "dx: column-slice dw vs chunked")
         for det, sms in ((False, None), (True, 1), (True, 3), (False, 264)):
             assert_bits_equal(out[1], run(cfg, det, sms)[1], f"dw bm{bm} bn{bn} det={det} sms={sms}")
+        # split roles and a pipelined slice walk add in the same order as the shared roles
+        if (bm, bn) in dws:
+            assert_bits_equal(out[1], dws[bm, bn], f"dw bm{bm} bn{bn} split={split} stages={stages}")
+        dws.setdefault((bm, bn), out[1])
+    assert len(dws) == 3
     # one row past the window: the chunked form again
     with configs.override(backward=base.replace(slices_max_rows=rows - 1)):
         assert bwd_plan(rows, hidden, dtype, True, True).dw == DwForm.PARTIAL

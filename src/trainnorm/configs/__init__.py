@@ -258,6 +258,10 @@ class BwdSchedule:
     # column slices, rather than every program both in turn (the launch's critical
     # path the longer of the two roles, not their sum)
     split_roles: bool = False
+    # the column-slice form: a slice's walk over the rows (slice_block_m at a time)
+    # software-pipelined this many steps by the compiler; 0: not (each step's loads
+    # then wait for the step before)
+    slice_stages: int = 0
 
     def loads(self, one_chunk: bool) -> tuple[bool, int]:
         """(prefetch, tma_stages) requested for a launch of one chunk or of several."""

@@ -217,9 +217,10 @@ def exercise_slices(widths=(512, 1536, 2048, 4096, 5120, 6144, 8200), tiles=None
     import trainnorm
     from trainnorm import configs
     from trainnorm.dev.tune import ALWAYS, SMALL_SLICES
-    for bm, bn, split in SMALL_SLICES if tiles is None else tiles:
-        with configs.override(backward=lambda key, cfg, bm=bm, bn=bn, split=split: cfg.replace(
-                direct_max_rows=0, slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split)):
+    for bm, bn, split, stages in SMALL_SLICES if tiles is None else tiles:
+        with configs.override(backward=lambda key, cfg, bm=bm, bn=bn, split=split, stages=stages: cfg.replace(
+                direct_max_rows=0, slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split,
+                slice_stages=stages)):
             for hidden in widths:
                 x, r, dy, dh, w = _case((64,), hidden, torch.bfloat16, torch.bfloat16)
                 rstd = torch.empty((64,), dtype=torch.float32)
@@ -688,7 +689,7 @@ def collect(args, target) -> Launches:
             else:
                 exercise(sorted(set(table_widths()) | set(ODD_WIDTHS)))
         if args.only in (None, "slices"):
-            exercise_slices(**(dict(widths=(4096,), tiles=((16, 64, False), (64, 32, True))) if quick else {}))
+            exercise_slices(**(dict(widths=(4096,), tiles=((16, 64, False, 0), (64, 32, True, 0), (16, 64, True, 3))) if quick else {}))
         if args.only in (None, "fwd-tma"):
             exercise_fwd_tma(**(dict(widths=(4096,), stages=(3,)) if quick else {}))
         if args.only in (None, "fwd-tiles"):

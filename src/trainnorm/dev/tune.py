@@ -256,7 +256,7 @@ DW_2D_MAX_H = 2048      # dw_2d is swept up to this H (wider tiles hold too many
 SWEEP_SCHED = [(c, m) for c in (2, 4) for m in (132, 264, 528)]   # (ctas_per_sm, max_chunks)
 # the small-T fields of an entry, which --sweep-small measures and --sweep-bwd keeps
 SMALL_FIELDS = ("direct_max_rows", "slices_max_rows", "direct_prefetch", "direct_tma_stages", "slice_block_m",
-                "slice_block_n", "split_roles")
+                "slice_block_n", "split_roles", "slice_stages")
 SMALL_NOTE = "table/"     # the notes --sweep-small writes start so
 
 
@@ -395,11 +395,13 @@ SMALL_T = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 # loads of the one-chunk form: (prefetch, tma_stages)
 SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
-# column-slice dw tiles (slice_block_m, slice_block_n, split_roles); trainnorm.dev.compile_check
-# compiles these. With split roles the row programs and the slice programs run side by side, so
-# slices over all rows at once (up to 64 rows a step) and narrower slices (more programs) can pay
-SMALL_SLICES = ((16, 64, False), (16, 128, False), (32, 128, False), (16, 64, True), (32, 64, True),
-                (64, 64, True), (32, 32, True), (64, 32, True))
+# column-slice dw tiles (slice_block_m, slice_block_n, split_roles, slice_stages);
+# trainnorm.dev.compile_check compiles these. With split roles the row programs and the slice
+# programs run side by side, so slices over more rows a step (up to 64), narrower slices (more
+# programs) and a slice's steps pipelined (loads in flight while the step before adds) can pay
+SMALL_SLICES = ((16, 64, False, 0), (16, 128, False, 0), (32, 128, False, 0), (16, 64, True, 0),
+                (32, 64, True, 0), (64, 64, True, 0), (32, 32, True, 0), (64, 32, True, 0), (16, 64, True, 3),
+                (32, 32, True, 3))
 ALWAYS = 1 << 40          # a window that covers every count
 
 
@@ -407,10 +409,10 @@ def loads_name(pf, st) -> str:
     return "plain" if not pf and not st else ("prefetch" if pf else f"tma{st}")
 
 
-def slices_name(bm, bn, split=False) -> str:
+def slices_name(bm, bn, split=False, stages=0) -> str:
     # the label of a column-slice tile in the table's notes ("table/cols16x64 us: ...";
-    # "cols64x32s": split roles)
-    return f"cols{bm}x{bn}{'s' if split else ''}"
+    # "cols64x32s": split roles; "cols16x64s3": and a slice's steps pipelined 3 deep)
+    return f"cols{bm}x{bn}{'s' if split else ''}{stages or ''}"
 
 
 def small_base(table: dict, hidden: int) -> BwdConfig:
@@ -431,9 +433,10 @@ def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
             cfg = base.replace(direct_max_rows=ALWAYS, direct_prefetch=pf, direct_tma_stages=st)
             fns[loads_name(pf, st)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                        _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
-        for bm, bn, split in SMALL_SLICES:
-            cfg = base.replace(slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split)
-            fns[slices_name(bm, bn, split)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
+        for bm, bn, split, stages in SMALL_SLICES:
+            cfg = base.replace(slices_max_rows=ALWAYS, slice_block_m=bm, slice_block_n=bn, split_roles=split,
+                               slice_stages=stages)
+            fns[slices_name(bm, bn, split, stages)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                         _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
         res[tokens] = time_fns(fns, run.flush, passes=3, samples=8)
         run.log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
@@ -491,8 +494,8 @@ def small_entry(base: BwdConfig, best, edge, sbest, sedge) -> BwdConfig:
         pf, st = next((p, s) for p, s in SMALL_LOADS if loads_name(p, s) == best)
         cfg = cfg.replace(direct_prefetch=pf, direct_tma_stages=st)
     if sbest is not None:
-        bm, bn, split = next(t for t in SMALL_SLICES if slices_name(*t) == sbest)
-        cfg = cfg.replace(slice_block_m=bm, slice_block_n=bn, split_roles=split)
+        bm, bn, split, stages = next(t for t in SMALL_SLICES if slices_name(*t) == sbest)
+        cfg = cfg.replace(slice_block_m=bm, slice_block_n=bn, split_roles=split, slice_stages=stages)
     return cfg
 
 

@@ -470,10 +470,13 @@ def bwd_col_slices_kernel(
     STAGES: tl.constexpr,
     DW_BM: tl.constexpr,
     DW_BN: tl.constexpr,
+    DW_STAGES: tl.constexpr,
 ):
     """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
     grid) the column slices: slice_start 0 gives every program both roles, one
-    after the other; slice_start = row_programs gives each program one role."""
+    after the other; slice_start = row_programs gives each program one role. A
+    slice walks the rows DW_BM at a time, its loads pipelined DW_STAGES steps deep
+    by the compiler (None: not); the additions keep their order either way."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if pid < row_programs:
@@ -502,7 +505,7 @@ def bwd_col_slices_kernel(
             o_c = sl * DW_BN + o_cn
             m_c = o_c < n_cols
             b_sum = tl.zeros([DW_BN], dtype=tl.float64)
-            for s0 in tl.range(0, rows, DW_BM):
+            for s0 in tl.range(0, rows, DW_BM, num_stages=DW_STAGES):
                 o_m = s0 + o_cm
                 m_m = o_m < rows
                 mask = m_m[:, None] & m_c[None, :]
