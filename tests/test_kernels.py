@@ -13,6 +13,7 @@ from trainnorm import configs, dispatch, plan, reference
 from trainnorm.families import FAMILIES, make_case
 from trainnorm.plan import FWD_COL_UNROLL_MAX, DwForm
 from trainnorm.rows import row_views, simulate_sm_count
+from trainnorm.variant import Variant
 
 from helpers import (DW_BUDGET, assert_bits_equal, assert_close64, bwd_config, bwd_plan, check_backward,
                      check_forward, fwd_config)
@@ -671,6 +672,16 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
               None if z is None else z[lo:hi])
     for a, b, n in zip((y, rstd), sub, ("y", "rstd")):
         assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
+    # the row's tiles held in registers between the walks (unrolled walks): the same bits, h too
+    use_configs(forward=cfg.replace(hold_tiles=True))
+    assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant()).hold == (tiles <= FWD_COL_UNROLL_MAX)
+    for a, b, n in zip((y, rstd), fwd(case.x, case.residual, z), ("y", "rstd")):
+        assert_bits_equal(a, b, f"{n}, tiles held")
+    if residual:
+        h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)[2]
+        use_configs(forward=cfg)
+        assert_bits_equal(h, trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)[2],
+                          "h, tiles held")
 
 
 PIECES_CASES = {   # name: (lead, hidden, make_case kwargs, gate)

@@ -82,7 +82,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
         else:
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
-                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, **common)
+                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.hold, **common)
     return y, rstd, h
 
 

@@ -76,6 +76,7 @@ class ForwardPlan:
     col_tiles: int           # 1: fwd_one_tile_kernel; more: fwd_col_tiles_kernel
     early_weight: bool       # the one-tile form with plain loads reads the weight first
     col_unroll: int          # the column-tile form's unroll factor
+    hold: bool = False       # the column-tile form holds a row's tiles between its walks
 
     @property
     def one_tile(self) -> bool:
@@ -91,7 +92,8 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ar
     cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))
     col_tiles = cfg.col_tiles(hidden)
     early = not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps
-    return ForwardPlan(cfg, col_tiles, early, col_tiles if col_tiles <= FWD_COL_UNROLL_MAX else 1)
+    unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
+    return ForwardPlan(cfg, col_tiles, early, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles)
 
 
 # Plans are looked up on every call: cached, except inside configs.override(...)

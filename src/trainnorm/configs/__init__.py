@@ -168,6 +168,10 @@ class FwdSchedule:
     # (trainnorm.dev.compile_check --planned compares the forms' row-sum trees; the GPU
     # suite their bits). Timing only: fewer rows a program where there are few rows.
     rows_block_m: tuple = ()
+    # rows walked in column tiles (up to plan.FWD_COL_UNROLL_MAX of them): hold every tile
+    # of a row in registers between the two walks rather than read x (and r) again from
+    # L1 / L2 (the same additions in the same order: timing only)
+    hold_tiles: bool = False
 
     def __post_init__(self):
         windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)

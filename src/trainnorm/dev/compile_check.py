@@ -313,6 +313,7 @@ PLANNED_SETS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, N
 LOAD_FORM_STREAMS = tuple(c for c in PLANNED_SETS if c[0] in ("bf16 residual", "float32 stream, explicit",
                                                                 "float32 stream, autograd", "float32 y"))
 FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
+FWD_LOAD_FORM_KEYS_HELD = ((5120, torch.bfloat16), (5120, torch.float32))     # rows walked in column tiles
 # widths of the load-form comparison: narrow tiles of several rows (128, 512: a float32
 # stream beside a 16-bit one took another layout there under descriptors), a width that
 # is not a multiple of 16 values (1000: plain loads unvectorised), and wide one-row tiles
@@ -506,6 +507,25 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
                     ops[f"stages {stages}"] = _form_ops(target, call, ("fwd_one_tile_kernel",),
                                                         forward=base.replace(tma_stages=stages))
             bad += _differing(f"forward H {hidden}, weight {w_dt}, residual {residual}", ops)
+    # the forward's column-tile walk, its tiles held in registers or read twice (H 5120 as three
+    # tiles of 2048, and five of 1024 with a float32 weight): the multiply-adds, the roots and
+    # divisions of rstd and the row sums (with the gate first the walk computes a(z) twice and
+    # the held form once: its adds and approximate divisions are left out)
+    for hidden, w_dt in FWD_LOAD_FORM_KEYS_HELD:
+        base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
+        for extra in ("", "residual", "gate after", "gate first"):
+            e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
+            w = torch.empty(hidden, dtype=w_dt)
+            if extra.startswith("gate"):
+                call = lambda: trainnorm.rms_norm_gated_forward(e(), e(), w, norm_before_gate=extra == "gate after")
+            else:
+                call = lambda: trainnorm.rms_norm_forward(e(), w, residual=e() if extra else None)
+            ops = {f"held {hold}": _form_ops(target, call, ("fwd_col_tiles_kernel",),
+                                             forward=lambda key, c, hold=hold: c.replace(hold_tiles=hold)
+                                             if key.hidden == hidden else None)
+                   for hold in (False, True)}
+            bad += _differing(f"forward H {hidden}, weight {w_dt}, {extra or 'plain'}: column tiles held or read "
+                              f"twice", ops, keep=lambda op: op == "f32" or op.startswith(("fma", "sqrt", "div.rn")))
     return bad
 
 

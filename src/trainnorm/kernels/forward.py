@@ -32,7 +32,9 @@ The forms (plan.py picks one from the row width and the tile):
   left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of a
   row's tiles in one straight run their loads are in flight together, as in
   the one-tile form, but a row holds no padding columns (H 5120 as five tiles
-  of 1024 against one of 8192).
+  of 1024 against one of 8192). With HOLD (unrolled walks only) the first
+  walk's tiles stay in registers for the second: x (and r) read once, the same
+  additions in the same order.
 
 The tile's columns (block_n, warps, and so the split of a row's sum over a
 thread's values, the lanes and the warps) are a function of (H, dtype) only;
@@ -174,6 +176,7 @@ def fwd_col_tiles_kernel(
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     W_OFFSET: tl.constexpr,
+    HOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -183,29 +186,64 @@ def fwd_col_tiles_kernel(
                                           stride_zt, stride_zh, n_cols, TWO_LEVEL)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-        o_c = n0 + o_n
-        mask = m_m[:, None] & (o_c < n_cols)[None, :]
-        b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, True)
-        if GATE is not None and GATE_FIRST:
-            b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
-            b_h = b_h * b_a
-        b_acc += b_h * b_h
-        b_s = b_h * SCALE_DOWN
-        b_acc_scaled += b_s * b_s
+    if HOLD:
+        # every tile of the row in registers, read once: the same additions in the same order
+        held = ()
+        for t in tl.static_range(COL_TILES):
+            b_h, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, t * BLOCK_N + o_n, o_x, o_r, o_z, o_out, m_m,
+                                                 n_cols, b_acc, b_acc_scaled, GATE, GATE_FIRST)
+            held = held + (b_h,)
+    else:
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
+            _, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols,
+                                               b_acc, b_acc_scaled, GATE, GATE_FIRST)
     b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
-    for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-        o_c = n0 + o_n
-        m_n = o_c < n_cols
-        mask = m_m[:, None] & m_n[None, :]
-        # h is recomputed from x (+ r) rather than re-read from H_OUT: no
-        # ordering between this program's own stores and loads is needed.
-        b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, False)
-        b_h, b_a = _with_gate(b_h, Z, o_z + o_c[None, :], mask, GATE, GATE_FIRST)
-        if W is not None:
-            b_w = load_weight(W, o_c, m_n, W_OFFSET)
-        else:
-            b_w = None
-        b_y = _normalise(b_h, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
-        tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
+    if HOLD:
+        for t in tl.static_range(COL_TILES):
+            _store_tile(Y, W, Z, held[t], b_rstd, t * BLOCK_N + o_n, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST,
+                        W_OFFSET)
+    else:
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
+            o_c = n0 + o_n
+            # h is recomputed from x (+ r) rather than re-read from H_OUT: no
+            # ordering between this program's own stores and loads is needed.
+            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
+                         m_m[:, None] & (o_c < n_cols)[None, :], False)
+            if GATE is not None and GATE_FIRST:
+                b_a, _ = load_gate(Z, o_z + o_c[None, :], m_m[:, None] & (o_c < n_cols)[None, :], GATE)
+                b_h = b_h * b_a
+            _store_tile(Y, W, Z, b_h, b_rstd, o_c, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST, W_OFFSET)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
+
+
+@triton.jit
+def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, b_acc_scaled,
+              GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+    """The first walk's step over the columns o_c: (u, the sums of squares with u's added);
+    u = f32(h), times a(z) with the gate first; h stored."""
+    mask = m_m[:, None] & (o_c < n_cols)[None, :]
+    b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, True)
+    if GATE is not None and GATE_FIRST:
+        b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
+        b_h = b_h * b_a
+    b_acc += b_h * b_h
+    b_s = b_h * SCALE_DOWN
+    b_acc_scaled += b_s * b_s
+    return b_h, b_acc, b_acc_scaled
+
+
+@triton.jit
+def _store_tile(Y, W, Z, b_u, b_rstd, o_c, o_z, o_out, m_m, n_cols, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
+                W_OFFSET: tl.constexpr):
+    """The second walk's step: y of the columns o_c from u (the first walk's), stored."""
+    m_n = o_c < n_cols
+    mask = m_m[:, None] & m_n[None, :]
+    b_a = b_u
+    if GATE is not None and not GATE_FIRST:
+        b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
+    if W is not None:
+        b_w = load_weight(W, o_c, m_n, W_OFFSET)
+    else:
+        b_w = None
+    b_y = _normalise(b_u, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
+    tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
