@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from trainnorm import configs
+from trainnorm import configs, plan
 from trainnorm.configs import BwdConfig, FwdConfig
 from trainnorm.configs import table as tables
 from trainnorm.dev import tune
+from trainnorm.variant import Variant
 
 
 def _as_stored(fields: dict) -> dict:
@@ -137,14 +138,15 @@ def test_rows_candidates_keep_the_column_layout():
 def test_choose_rows():
     t = {1: {1: 4.4, 2: 4.5, 4: 4.6}, 16: {1: 4.9, 2: 5.5, 4: 5.8}, 1024: {1: 10.1, 2: 10.3, 4: 9.7},
          65536: {1: 284.0, 2: 268.0, 4: 261.0}}
-    # the fewest rows where they pay, the most from T 1024 on: the largest T's count is the tile's
-    assert tune.choose_rows(t, 2) == (4, ((16, 1),))
+    # the fewest rows where they pay, the most from T 1024 on, up to any count; the tile keeps its own
+    assert tune.choose_rows(t, 2) == ((16, 1), (tune.ALWAYS, 4))
     # within the noise of the entry's own count, the entry's own stays
-    t = {1: {1: 4.46, 2: 4.48}, 16: {1: 4.83, 2: 4.83}, 65536: {1: 45.4, 2: 38.9}}
-    assert tune.choose_rows(t, 2) == (2, ())
-    # a count that pays only in the middle gets a window of its own
+    t = {1: {1: 4.46, 2: 4.48}, 16: {1: 4.83, 2: 4.90}, 65536: {1: 45.4, 2: 38.9}}
+    assert tune.choose_rows(t, 2) == ()
+    # a count that pays only in the middle: windows around it, the entry's own past the last
     t = {1: {1: 4.5, 2: 4.5}, 16: {1: 4.0, 2: 5.0}, 256: {1: 6.0, 2: 5.0}, 4096: {1: 5.0, 2: 6.0}}
-    assert tune.choose_rows(t, 2) == (1, ((1, 2), (16, 1), (256, 2)))
+    assert tune.choose_rows(t, 2) == ((1, 2), (16, 1), (256, 2), (tune.ALWAYS, 1))
+    assert tune.choose_rows({1: {1: 4.0, 2: 5.0}, 16: {1: 5.0, 2: 5.0}}, 2) == ((1, 1),)
 
 
 def test_rows_block_m_checked_and_stored():
@@ -244,9 +246,10 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
 
 
 def test_sweep_rows_end_to_end(tmp_path, monkeypatch, device):
-    # --sweep-rows on the table's H 512 entry (bm2 w2) under a stub timer that makes one row a
-    # tile fastest at T 1 and four from T 4: the entry gets tile bm4 and a window (1, 1), keeps
-    # its other notes, and the package runs it with the bits of the entry's own tile
+    # --sweep-rows on an H 512 entry (bm2 w2, no windows) under a stub timer that makes one row a
+    # tile fastest at T 1 and four from T 4: the entry keeps its tile and gets the windows
+    # (1, 1) and (ALWAYS, 4) and a 'rows:' note replacing any earlier one, and the package runs
+    # it with the bits of the entry's own tile
     import torch
 
     import trainnorm
@@ -254,30 +257,36 @@ def test_sweep_rows_end_to_end(tmp_path, monkeypatch, device):
     seen = []
 
     def timer(fns, flush, **kw):
-        tokens = len(seen)
+        tokens = tune.ROWS_T[len(seen)]
         seen.append(sorted(fns))
         for fn in fns.values():
             fn()
-        return {bm: times[tune.ROWS_T[tokens]][bm] for bm in fns}
+        return {bm: times[tokens][bm] for bm in fns}
     monkeypatch.setattr(tune, "time_fns", timer)
     monkeypatch.setattr(tune, "ROWS_T", (1, 4))
     monkeypatch.setattr(tune, "ROWS_BITS_T", 24)
     path = str(tmp_path / "sm_90.json")
-    run = tune.Run(table=tune.start_table(path, "sm_90"), table_path=path, out=str(tmp_path), device=device,
-                   log=lambda s: None)
-    before = copy.deepcopy(tune.find_entry(run.table, "forward", 512, "plain"))
+    table = tune.start_table(path, "sm_90")
+    entry = tune.find_entry(table, "forward", 512, "plain")
+    own = tables.to_config("forward", entry).replace(rows_block_m=())
+    tune.write_entry(table, "forward", 512, "plain", own, [n for n in entry["notes"] if not n.startswith("rows:")]
+                     + ["rows: an earlier sweep's note"])
+    before = copy.deepcopy(tune.find_entry(table, "forward", 512, "plain"))
+    run = tune.Run(table=table, table_path=path, out=str(tmp_path), device=device, log=lambda s: None)
     tune.tune_rows(run, [512])
     assert seen == [[1, 2, 4, 8], [1, 2, 4, 8]]
     entry = tune.find_entry(_reread(path), "forward", 512, "plain")
     cfg = tables.to_config("forward", entry)
-    assert (cfg.tile.block_m, cfg.rows_block_m) == (4, ((1, 1),))
-    assert cfg.replace(block_m=2, rows_block_m=()) == tables.to_config("forward", before)
-    assert entry["notes"][:-1] == before["notes"] and entry["notes"][-1].startswith("rows: tile bm4, windows [(1, 1)]")
+    assert cfg == own.replace(rows_block_m=((1, 1), (tune.ALWAYS, 4)))
+    assert entry["notes"][:-1] == before["notes"][:-1]
+    assert entry["notes"][-1].startswith("rows: windows [[1, 1], [1099511627776, 4]] past which the tile's bm2")
     x = torch.randn(37, 512, device=device).to(torch.bfloat16)
     w = torch.randn(512, device=device).to(torch.bfloat16)
-    with configs.override(forward=tune.only(512, "plain", tables.to_config("forward", before))):
+    with configs.override(forward=tune.only(512, "plain", own)):
         ref = [trainnorm.rms_norm_forward(x[:n], w)[:2] for n in (1, 37)]
     with configs.override(forward=tune.only(512, "plain", cfg)):
+        assert [plan.forward_plan(512, torch.bfloat16, torch.bfloat16, Variant()).block_m(n) for n in (1, 2, 37)] \
+            == [1, 4, 4]
         got = [trainnorm.rms_norm_forward(x[:n], w)[:2] for n in (1, 37)]
     for (y0, r0), (y1, r1) in zip(ref, got):
         assert torch.equal(y0, y1) and torch.equal(r0, r1)

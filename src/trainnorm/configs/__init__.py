@@ -406,6 +406,9 @@ def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
     139.9 (the best of 29). The plain tile had run 0.81-0.86x torch.compile of the gated
     reference at H4096 (`trainnorm bench`, H100)."""
     t = cfg.tile
+    # the plain entry's rows per tile by row count were measured without a gate, and the one-row
+    # tile's twice the warps would change the row sum's split between counts: none carry over
+    cfg = cfg.replace(rows_block_m=())
     if t.block_m >= 2:
         return cfg.replace(block_m=t.block_m // 2)
     return cfg.replace(num_warps=min(16, 2 * t.num_warps))

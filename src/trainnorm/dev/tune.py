@@ -647,7 +647,10 @@ def tune_fwd(run: Run, widths) -> None:
 
 ROWS_T = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 ROWS_BITS_T = 8192        # the rows the variants' bits are compared on
-ROWS_NOISE = 0.01         # a variant within this of the entry's own tile does not replace it
+# a variant within this of the entry's own tile does not replace it: replays of 4-6 us differ
+# by 1-2% between interleaved groups (SMALL_NOISE); at 1% the H200 sweep of H 512 switched
+# rows per tile five times over T 1-1024 on differences of 0.02-0.2 us
+ROWS_NOISE = 0.02
 ROWS_NOTE = "rows: "
 
 
@@ -703,21 +706,21 @@ def sweep_rows(run: Run, hidden: int, kind: str) -> tuple[dict, list[int]]:
     return res, differ
 
 
-def choose_rows(res: dict, own: int) -> tuple[int, tuple]:
-    """(block_m, rows_block_m): per T the fastest row count, the entry's own wherever none is
-    faster by more than ROWS_NOISE; the largest T's becomes the tile's, and each earlier run
-    of one row count a window up to its last T (counts between two measured T take the
-    later one's)."""
+def choose_rows(res: dict, own: int) -> tuple:
+    """rows_block_m: per T the fastest row count, the entry's own wherever none is faster by
+    more than ROWS_NOISE; each run of one count a window up to its last T (counts between
+    two measured T take the later one's), the last run's up to any count (ALWAYS) unless it
+    is the entry's own. The tile keeps its own count: the one the forms derived from it
+    (configs.gated_forward_from_plain) were measured against."""
     toks = sorted(res)
     pick = {}
     for t in toks:
         best = min(res[t], key=res[t].get)
         pick[t] = own if own in res[t] and res[t][best] >= res[t][own] * (1 - ROWS_NOISE) else best
-    windows = []
-    for a, b in zip(toks, toks[1:]):
-        if pick[a] != pick[b]:
-            windows.append((a, pick[a]))
-    return pick[toks[-1]], tuple(windows)
+    windows = [(a, pick[a]) for a, b in zip(toks, toks[1:]) if pick[a] != pick[b]]
+    if pick[toks[-1]] != own:
+        windows.append((ALWAYS, pick[toks[-1]]))
+    return tuple(windows)
 
 
 def tune_rows(run: Run, widths) -> None:
@@ -726,22 +729,28 @@ def tune_rows(run: Run, widths) -> None:
             entry = find_entry(run.table, "forward", hidden, kind)
             if entry is None:
                 continue
-            cfg = tables.to_config("forward", entry)
             res, differ = sweep_rows(run, hidden, kind)
-            block_m, windows = choose_rows(res, cfg.tile.block_m)
-            times = "; ".join(f"T{t} " + ", ".join(f"bm{k} {v:.2f}" for k, v in r.items()) for t, r in res.items())
             gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
-            note = (f"{ROWS_NOTE}tile bm{block_m}, windows {list(windows) or 'none'} ({gpu}, python -m trainnorm.dev.tune "
-                    f"--sweep-rows; the tile's block_n and warps, y / rstd / h bit-equal on outlier rows at T "
-                    f"{ROWS_BITS_T}{'; other bits: ' + ', '.join(f'bm{b}' for b in differ) if differ else ''}): "
-                    f"{times} us")
-            notes = [n for n in entry.get("notes", []) if not n.startswith(ROWS_NOTE)] + [note]
-            write_entry(run.table, "forward", hidden, kind, cfg.replace(block_m=block_m, rows_block_m=windows),
-                        notes)
+            note = write_rows_entry(run.table, entry, res, differ, gpu)
             run.raw[f"{kind} {hidden}"] = {"times": {str(t): {str(k): v for k, v in r.items()} for t, r in res.items()},
-                                           "block_m": block_m, "rows_block_m": windows, "differ": differ}
+                                           "differ": differ, "gpu": gpu}
             run.log(f"{kind} H{hidden}: {note}")
             run.save("sweep-rows.json")
+
+
+def write_rows_entry(table: dict, entry: dict, res: dict, differ, gpu: str) -> str:
+    """Put the forward entry with the rows per tile chosen from res ({T: {block_m: us}},
+    choose_rows) and its 'rows:' note (which replaces any earlier one) into table; the note."""
+    cfg = tables.to_config("forward", entry)
+    windows = choose_rows(res, cfg.tile.block_m)
+    times = "; ".join(f"T{t} " + ", ".join(f"bm{k} {v:.2f}" for k, v in r.items()) for t, r in sorted(res.items()))
+    note = (f"{ROWS_NOTE}windows {[list(w) for w in windows] or 'none'} past which the tile's bm{cfg.tile.block_m} "
+            f"({gpu}, python -m trainnorm.dev.tune --sweep-rows; the tile's block_n and warps, y / rstd / h "
+            f"bit-equal on outlier rows at T {ROWS_BITS_T}"
+            f"{'; other bits: ' + ', '.join(f'bm{b}' for b in differ) if differ else ''}): {times} us")
+    notes = [n for n in entry.get("notes", []) if not n.startswith(ROWS_NOTE)] + [note]
+    write_entry(table, "forward", entry["hidden"], entry["kind"], cfg.replace(rows_block_m=windows), notes)
+    return note
 
 
 # --- the analytical defaults (--probe-defaults) -------------------------------------------------
