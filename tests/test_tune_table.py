@@ -121,6 +121,15 @@ def test_choose_small_window():
     # only the single row's loads pay: no window, the loads apply to one-chunk launches
     res = {1: t(5.0, plain=4.5), 4: t(8.0, plain=8.5)}
     assert tune.choose_small(res)[:2] == ("plain", 0)
+    # one chunk beats the chunked table up to T 8, but split-role slices beat it from T 4 (the
+    # H200 sweep of H 4096): the one-chunk window ends at T 2, the slices take over from there
+    res = {1: t(5.52, prefetch=4.99, cols64x32s=5.66), 2: t(6.02, prefetch=5.66, cols64x32s=6.11),
+           4: t(9.09, prefetch=6.80, cols64x32s=5.78), 8: t(9.34, prefetch=9.12, cols64x32s=5.79),
+           16: t(9.63, prefetch=13.25, cols64x32s=6.00)}
+    assert tune.choose_small(res)[:2] == ("prefetch", 8)
+    assert tune.best_slices(res) == "cols64x32s" and tune.choose_slices(res, 0)[0] is None     # T1 slower
+    assert tune.choose_small(res, "cols64x32s")[:2] == ("prefetch", 2)
+    assert tune.choose_slices(res, 2)[:2] == ("cols64x32s", 16)
 
 
 def test_rows_candidates_keep_the_column_layout():
@@ -210,7 +219,7 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert notes[0].startswith("bm16 w4 c2 max132: T4 1.0 us") and notes[1].startswith("det/atomic us: T4 1.0/2.0")
     assert notes[2].startswith("small-T windows, one-chunk loads and slice tile kept from the previous entry")
     assert notes[3:] == [n for n in small["notes"] if n.startswith("table/")]
-    assert notes[3].startswith("table/one-chunk plain us: T1 10.00/2.00")
+    assert notes[3].startswith("table/one-chunk plain us (the table: the faster of it and cols16x64): T1 7.00/2.00")
     # the forward sweep: bm4 w2, the first candidate, for the plain and the float32-weight entry
     first = FwdConfig.from_fields(block_m=4, block_n=64, num_warps=2)
     for kind in ("plain", "weight_fp32"):

@@ -449,30 +449,44 @@ def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
 SMALL_NOISE = 0.02
 
 
-def _window(res, toks, names, win):
-    """(best, edge, note): of `names`, the form with the best geomean against the table over the
-    counts `win`, and its window: up to the last count of `toks` where it is faster, with no count
-    before it where it is slower by more than SMALL_NOISE (edge 0: none)."""
-    best = min(names, key=lambda k: _geo(res[t][k] / res[t]["table"] for t in win))
+def _window(res, toks, names, win, ref=None):
+    """(best, edge, note): of `names`, the form with the best geomean against ref (per count: the
+    table's time, or the faster of the table and ref's form) over the counts `win`, and its
+    window: up to the last count of `toks` where it is faster, with no count before it where
+    it is slower by more than SMALL_NOISE (edge 0: none)."""
+    base = {t: min(res[t]["table"], res[t][ref]) if ref else res[t]["table"] for t in toks}
+    best = min(names, key=lambda k: _geo(res[t][k] / base[t] for t in win))
     edge = 0
     for t in toks:
-        if res[t][best] > res[t]["table"] * (1 + SMALL_NOISE):
+        if res[t][best] > base[t] * (1 + SMALL_NOISE):
             break
-        if res[t][best] < res[t]["table"]:
+        if res[t][best] < base[t]:
             edge = t
-    return best, edge, ", ".join(f"T{t} {res[t]['table']:.2f}/{res[t][best]:.2f}" for t in toks)
+    return best, edge, ", ".join(f"T{t} {base[t]:.2f}/{res[t][best]:.2f}" for t in toks)
 
 
-def choose_small(res):
+def choose_small(res, versus=None):
     """(loads name, direct_max_rows, note): the one-chunk load form and window (_window) over the
-    counts where some one-chunk form beats the table; (None, 0, note) where none pays."""
+    counts where some one-chunk form beats the table and the column-slice tile `versus` (the
+    one choose_slices takes over every count: at T 4-8 split-role slices ran 5.6-6.2 us where
+    one chunk took 6.8-9.5 at H 4096-6144 on the H200); (None, 0, note) where none pays."""
     toks = sorted(res)
     names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
-    win = [t for t in toks if min(res[t][k] for k in names) < res[t]["table"]] or toks[:1]
-    best, edge, note = _window(res, toks, names, win)
+    base = {t: min(res[t]["table"], res[t][versus]) if versus else res[t]["table"] for t in toks}
+    win = [t for t in toks if min(res[t][k] for k in names) < base[t]] or toks[:1]
+    best, edge, note = _window(res, toks, names, win, versus)
     if edge == 0:
         return None, 0, note     # no count where the one-chunk form pays: the table's forms stay
     return best, edge if edge > 1 else 0, note
+
+
+def best_slices(res):
+    """The column-slice tile with the best geomean against the table over the counts where
+    some tile beats it (None: nowhere), whatever its window."""
+    toks = sorted(res)
+    names = [k for k in res[toks[0]] if k.startswith("cols")]
+    win = [t for t in toks if names and min(res[t][k] for k in names) < res[t]["table"]]
+    return _window(res, toks, names, win)[0] if win else None
 
 
 def choose_slices(res, after):
@@ -501,29 +515,37 @@ def small_entry(base: BwdConfig, best, edge, sbest, sedge) -> BwdConfig:
 
 def tune_small(run: Run, widths) -> None:
     for hidden in widths:
-        prev_entry = find_entry(run.table, "backward", hidden, "plain")
-        base = small_base(run.table, hidden)
-        res = sweep_small(run, hidden, base)
-        best, edge, note = choose_small(res)
-        sbest, sedge, snote = choose_slices(res, edge)
-        run.raw[str(hidden)] = {"times": {str(t): v for t, v in res.items()}, "loads": best, "direct_max_rows": edge,
-                                "slices": sbest, "slices_max_rows": sedge}
-        run.log(f"H{hidden}: one chunk ({best}) up to {edge} rows | table/one-chunk us: {note}")
-        run.log(f"H{hidden}: column-slice dw ({sbest}) up to {sedge} rows | table/slices us: {snote}")
-        notes = [f"{SMALL_NOTE}one-chunk {best} us: {note}"]
-        if snote:
-            notes.append(f"{SMALL_NOTE}{sbest or 'column-slice dw'} us: {snote}")
-        if prev_entry is None:
-            if best is None and sbest is None:
-                run.log(f"H{hidden}: no entry written, the default's forms stay")
-                run.save("sweep-small.json")
-                continue
-            notes.append("tile: the analytical default (configs.default_backward); only the small-T windows "
-                         "were measured")
-        else:
-            notes = [n for n in prev_entry.get("notes", []) if not n.startswith(SMALL_NOTE)] + notes
-        write_entry(run.table, "backward", hidden, "plain", small_entry(base, best, edge, sbest, sedge), notes)
+        res = sweep_small(run, hidden, small_base(run.table, hidden))
+        run.raw[str(hidden)] = {"times": {str(t): v for t, v in res.items()}}
+        run.raw[str(hidden)].update(write_small_entry(run.table, hidden, res, run.log))
         run.save("sweep-small.json")
+
+
+def write_small_entry(table: dict, hidden: int, res: dict, log=print) -> dict:
+    """Put the backward entry of `hidden` with the small-T windows chosen from res ({T: {form:
+    us}}, sweep_small) into table, its 'table/' notes replacing earlier ones; the choices."""
+    prev_entry = find_entry(table, "backward", hidden, "plain")
+    base = small_base(table, hidden)
+    versus = best_slices(res)
+    best, edge, note = choose_small(res, versus)
+    sbest, sedge, snote = choose_slices(res, edge)
+    chosen = {"loads": best, "direct_max_rows": edge, "slices": sbest, "slices_max_rows": sedge}
+    log(f"H{hidden}: one chunk ({best}) up to {edge} rows | table/one-chunk us: {note}")
+    log(f"H{hidden}: column-slice dw ({sbest}) up to {sedge} rows | table/slices us: {snote}")
+    notes = [f"{SMALL_NOTE}one-chunk {best} us{f' (the table: the faster of it and {versus})' if versus else ''}: "
+             f"{note}"]
+    if snote:
+        notes.append(f"{SMALL_NOTE}{sbest or 'column-slice dw'} us: {snote}")
+    if prev_entry is None:
+        if best is None and sbest is None:
+            log(f"H{hidden}: no entry written, the default's forms stay")
+            return chosen
+        notes.append("tile: the analytical default (configs.default_backward); only the small-T windows "
+                     "were measured")
+    else:
+        notes = [n for n in prev_entry.get("notes", []) if not n.startswith(SMALL_NOTE)] + notes
+    write_entry(table, "backward", hidden, "plain", small_entry(base, best, edge, sbest, sedge), notes)
+    return chosen
 
 
 # --- the forward tile over token counts (--sweep-fwd) -----------------------------------------
