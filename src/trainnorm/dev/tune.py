@@ -593,16 +593,21 @@ def fwd_sweep_candidates(hidden):
                 per_thread = bm * cbn // (32 * nw)
                 if 4 <= per_thread and per_thread * cdiv(hidden, cbn) <= 64:
                     yield FwdConfig.from_fields(block_m=bm, block_n=cbn, num_warps=nw)
+                    # the row's tiles held in registers between the walks: at H 5120 with a float32
+                    # weight, bm1 w8 n1024 held ran 324.7 us at T 65536 against 364.5 read twice
+                    # (docs/benchmarks/tune/h200-hold.txt)
+                    yield FwdConfig.from_fields(block_m=bm, block_n=cbn, num_warps=nw, hold_tiles=True)
 
 
 def fwd_key(c: FwdConfig, hidden: int):
     chunk = c.block_n if c.block_n < next_pow2(hidden) and not c.block_n2 else 0
-    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk, bool(c.block_n2))
+    return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk, bool(c.block_n2),
+            c.hold_tiles)
 
 
 def fwd_name(k) -> str:
     return (f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
-            + (" pieces" if k[5] else ""))
+            + (" pieces" if k[5] else "") + (" held" if k[6] else ""))
 
 
 def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
