@@ -369,9 +369,9 @@ def reduction_trees(ttgir: str, last_axis_only: bool = False) -> dict:
     return dict(trees)
 
 
-def float_ops(form, target) -> dict:
+def float_ops(form, target, last_axis_only: bool = False) -> dict:
     """{PTX floating-point instruction: count} of one recorded form, and under the key
-    "reductions" its reduction trees (reduction_trees)."""
+    "reductions" its reduction trees (reduction_trees; last_axis_only: a row's sums only)."""
     import collections
     import triton
     from triton.compiler import ASTSource
@@ -379,7 +379,7 @@ def float_ops(form, target) -> dict:
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=options.__dict__)
     ops = dict(collections.Counter(FLOAT_OPS.findall(_without_identities(compiled.asm["ptx"]))))
-    ops["reductions"] = reduction_trees(compiled.asm["ttgir"])
+    ops["reductions"] = reduction_trees(compiled.asm["ttgir"], last_axis_only)
     return ops
 
 
@@ -423,14 +423,25 @@ def _descriptors_forced(on: bool = True):
         dispatch.descriptor_stages = real
 
 
-def _form_ops(target, call, kernels, **override) -> dict:
+def _form_ops(target, call, kernels, last_axis_only=False, **override) -> dict:
     """float_ops of the one form of `kernels` that call() launches under configs.override."""
     from trainnorm import configs
     launches = Launches(target)
     with recording(launches), configs.override(**override):
         call()
     (one,) = [f for key, f in launches.forms.items() if key[0] in kernels]
-    return float_ops(one, target)
+    return float_ops(one, target, last_axis_only)
+
+
+def _fwd_call(hidden, w_dt, extra="", rows=16384):
+    """The forward on uninitialised bf16 rows with a weight of w_dt; extra: "residual",
+    "gate after" or "gate first" (the gated forward), or "" (plain)."""
+    import trainnorm
+    e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
+    w = torch.empty(hidden, dtype=w_dt)
+    if extra.startswith("gate"):
+        return lambda: trainnorm.rms_norm_gated_forward(e(), e(), w, norm_before_gate=extra == "gate after")
+    return lambda: trainnorm.rms_norm_forward(e(), w, residual=e() if extra == "residual" else None)
 
 
 def _bwd_call(rows, hidden, case, deterministic=True, pad=0):
@@ -470,7 +481,6 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     another, or a row summed in another order, gives other bits). The planned forms are
     compared on rows of the width's stride and on rows whose stride (hidden + 4 values)
     rules descriptors out: where rows lie changes no bit."""
-    import trainnorm
     from trainnorm import configs
     bad = []
     one_tile = ("bwd_one_tile_kernel",)
@@ -498,13 +508,11 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     for hidden, w_dt in FWD_LOAD_FORM_KEYS:
         base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
         for residual in (False, True):
-            e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
-            call = lambda: trainnorm.rms_norm_forward(e(), torch.empty(hidden, dtype=w_dt),
-                                                      residual=e() if residual else None)
             ops = {}
             for stages in (0, 3, 4):
                 with _descriptors_forced():
-                    ops[f"stages {stages}"] = _form_ops(target, call, ("fwd_one_tile_kernel",),
+                    ops[f"stages {stages}"] = _form_ops(target, _fwd_call(hidden, w_dt, "residual" * residual, rows),
+                                                        ("fwd_one_tile_kernel",),
                                                         forward=base.replace(tma_stages=stages))
             bad += _differing(f"forward H {hidden}, weight {w_dt}, residual {residual}", ops)
     # the forward's column-tile walk, its tiles held in registers or read twice (H 5120 as three
@@ -514,12 +522,7 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     for hidden, w_dt in FWD_LOAD_FORM_KEYS_HELD:
         base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
         for extra in ("", "residual", "gate after", "gate first"):
-            e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
-            w = torch.empty(hidden, dtype=w_dt)
-            if extra.startswith("gate"):
-                call = lambda: trainnorm.rms_norm_gated_forward(e(), e(), w, norm_before_gate=extra == "gate after")
-            else:
-                call = lambda: trainnorm.rms_norm_forward(e(), w, residual=e() if extra else None)
+            call = _fwd_call(hidden, w_dt, extra, rows)
             ops = {f"held {hold}": _form_ops(target, call, ("fwd_col_tiles_kernel",),
                                              forward=lambda key, c, hold=hold: c.replace(hold_tiles=hold)
                                              if key.hidden == hidden else None)
@@ -530,15 +533,6 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
 
 
 # --- the forward's rows per tile: one order of a row's sum at every row count ---------------------
-
-def _fwd_call(hidden, kind, residual, rows=16384):
-    import trainnorm
-    e = lambda: torch.empty(rows, hidden, dtype=torch.bfloat16)
-    w = torch.empty(hidden, dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
-    if kind == "gated":
-        return lambda: trainnorm.rms_norm_gated_forward(e(), e(), w)
-    return lambda: trainnorm.rms_norm_forward(e(), w, residual=e() if residual else None)
-
 
 def check_forward_rows(target, entries=None) -> list[str]:
     """Every forward entry of the sm_90 table with rows per tile by row count
@@ -557,30 +551,20 @@ def check_forward_rows(target, entries=None) -> list[str]:
         counts = sorted({cfg.tile.block_m} | {bm for _, bm in cfg.rows_block_m})
         if len(counts) == 1:
             continue
-        for residual in ((False, True) if kind != "gated" else (False,)):
+        w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
+        for extra in (("gate after",) if kind == "gated" else ("", "residual")):
             trees = {}
             for bm in counts:
-                launches = Launches(target)
-                with recording(launches), configs.override(forward=lambda key, c, bm=bm, hidden=hidden, kind=kind:
-                                                           cfg.replace(block_m=bm, rows_block_m=())
-                                                           if (key.hidden, key.kind) == (hidden, kind) else None):
-                    _fwd_call(hidden, kind, residual)()
-                (form,) = [f for k, f in launches.forms.items() if k[0] in kernels]
-                trees[f"bm{bm}"] = {"reductions": _row_sums(form, target)}
-            found = _differing(f"forward H {hidden} {kind}{' residual' if residual else ''}, rows per tile", trees)
-            print(f"  forward H {hidden} {kind}{' residual' if residual else ''} rows per tile {counts}: "
-                  f"{'differ' if found else 'the same'}", flush=True)
+                ops = _form_ops(target, _fwd_call(hidden, w_dt, extra), kernels, last_axis_only=True,
+                                forward=lambda key, c, bm=bm, hidden=hidden, kind=kind:
+                                cfg.replace(block_m=bm, rows_block_m=()) if (key.hidden, key.kind) == (hidden, kind)
+                                else None)
+                trees[f"bm{bm}"] = {"reductions": ops["reductions"]}
+            what = f"forward H {hidden} {kind}{' ' + extra if extra else ''}"
+            found = _differing(f"{what}, rows per tile", trees)
+            print(f"  {what} rows per tile {counts}: {'differ' if found else 'the same'}", flush=True)
             bad += found
     return bad
-
-
-def _row_sums(form, target) -> dict:
-    import triton
-    from triton.compiler import ASTSource
-    kernel, signature, constexprs, attrs, options, _, _ = form
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=options.__dict__)
-    return reduction_trees(compiled.asm["ttgir"], last_axis_only=True)
 
 
 # --- every width's planned forms: batch invariance and the modes, statically -------------------
