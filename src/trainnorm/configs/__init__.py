@@ -165,7 +165,7 @@ class FwdSchedule:
     # Only the rows change: block_n and num_warps, and with them the split of a row's
     # columns over a thread's values, the lanes and the warps that fixes the order of its
     # sum, stay the tile's, so y and rstd are the same bits at every row count
-    # (trainnorm.dev.compile_check --planned compares the forms' row-sum trees; the GPU
+    # (trainnorm.dev.compile_check --rows compares the forms' row-sum trees; the GPU
     # suite their bits). Timing only: fewer rows a program where there are few rows.
     rows_block_m: tuple = ()
     # rows walked in column tiles (up to plan.FWD_COL_UNROLL_MAX of them): hold every tile
@@ -180,10 +180,6 @@ class FwdSchedule:
                 any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
             raise ValueError(f"rows_block_m must be (max_rows, block_m) pairs in rising max_rows with block_m a "
                              f"power of two, got {self.rows_block_m}")
-
-    def block_m(self, rows: int, default: int) -> int:
-        """Rows per tile for a launch of `rows` rows (`default`: the tile's)."""
-        return next((bm for top, bm in self.rows_block_m if rows <= top), default)
 
 
 @dataclass(frozen=True)
@@ -201,7 +197,7 @@ class FwdConfig(_Parts):
 
     def tile_rows(self, rows: int) -> int:
         """Rows per tile for a launch over `rows` rows (FwdSchedule.rows_block_m)."""
-        return self.schedule.block_m(rows, self.tile.block_m)
+        return next((bm for top, bm in self.schedule.rows_block_m if rows <= top), self.tile.block_m)
 
 
 @dataclass(frozen=True)

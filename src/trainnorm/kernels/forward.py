@@ -204,28 +204,30 @@ def fwd_col_tiles_kernel(
                         W_OFFSET)
     else:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-            o_c = n0 + o_n
             # h is recomputed from x (+ r) rather than re-read from H_OUT: no
             # ordering between this program's own stores and loads is needed.
-            b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :],
-                         m_m[:, None] & (o_c < n_cols)[None, :], False)
-            if GATE is not None and GATE_FIRST:
-                b_a, _ = load_gate(Z, o_z + o_c[None, :], m_m[:, None] & (o_c < n_cols)[None, :], GATE)
-                b_h = b_h * b_a
-            _store_tile(Y, W, Z, b_h, b_rstd, o_c, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST, W_OFFSET)
+            b_u = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE, GATE_FIRST)
+            _store_tile(Y, W, Z, b_u, b_rstd, n0 + o_n, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST, W_OFFSET)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
+
+
+@triton.jit
+def _load_u(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, STORE_H: tl.constexpr, GATE: tl.constexpr,
+            GATE_FIRST: tl.constexpr):
+    """u of the columns o_c: f32(h), times a(z) with the gate first; h stored with STORE_H."""
+    mask = m_m[:, None] & (o_c < n_cols)[None, :]
+    b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, STORE_H)
+    if GATE is not None and GATE_FIRST:
+        b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
+        b_h = b_h * b_a
+    return b_h
 
 
 @triton.jit
 def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, b_acc_scaled,
               GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
-    """The first walk's step over the columns o_c: (u, the sums of squares with u's added);
-    u = f32(h), times a(z) with the gate first; h stored."""
-    mask = m_m[:, None] & (o_c < n_cols)[None, :]
-    b_h = load_h(X, R, H_OUT, o_x + o_c[None, :], o_r + o_c[None, :], o_out + o_c[None, :], mask, True)
-    if GATE is not None and GATE_FIRST:
-        b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
-        b_h = b_h * b_a
+    """The first walk's step over the columns o_c: (u, the sums of squares with u's added); h stored."""
+    b_h = _load_u(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, True, GATE, GATE_FIRST)
     b_acc += b_h * b_h
     b_s = b_h * SCALE_DOWN
     b_acc_scaled += b_s * b_s
