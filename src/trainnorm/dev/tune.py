@@ -81,6 +81,7 @@ import trainnorm
 from trainnorm import configs
 from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2, row_pieces
 from trainnorm.configs import table as tables
+from trainnorm.families import make_case
 
 ELT = 2                       # the sweeps time bf16 activations (fp16 shares the entries)
 NEVER = 1 << 40               # atomic_min_rows of a width whose atomic form never paid
@@ -449,12 +450,17 @@ def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
 SMALL_NOISE = 0.02
 
 
+def _baseline(res, toks, ref=None) -> dict:
+    """{T: the table's time, or the faster of it and form ref's}."""
+    return {t: min(res[t]["table"], res[t][ref]) if ref else res[t]["table"] for t in toks}
+
+
 def _window(res, toks, names, win, ref=None):
     """(best, edge, note): of `names`, the form with the best geomean against ref (per count: the
     table's time, or the faster of the table and ref's form) over the counts `win`, and its
     window: up to the last count of `toks` where it is faster, with no count before it where
     it is slower by more than SMALL_NOISE (edge 0: none)."""
-    base = {t: min(res[t]["table"], res[t][ref]) if ref else res[t]["table"] for t in toks}
+    base = _baseline(res, toks, ref)
     best = min(names, key=lambda k: _geo(res[t][k] / base[t] for t in win))
     edge = 0
     for t in toks:
@@ -472,7 +478,7 @@ def choose_small(res, versus=None):
     one chunk took 6.8-9.5 at H 4096-6144 on the H200); (None, 0, note) where none pays."""
     toks = sorted(res)
     names = [k for k in res[toks[0]] if k != "table" and not k.startswith("cols")]
-    base = {t: min(res[t]["table"], res[t][versus]) if versus else res[t]["table"] for t in toks}
+    base = _baseline(res, toks, versus)
     win = [t for t in toks if min(res[t][k] for k in names) < base[t]] or toks[:1]
     best, edge, note = _window(res, toks, names, win, versus)
     if edge == 0:
@@ -698,21 +704,15 @@ def rows_candidates(cfg: FwdConfig, hidden: int, elt: int = ELT) -> list[int]:
     return out
 
 
-def _bits_outliers(hidden, rows, dev, w_dt):
-    g = torch.Generator(device=dev).manual_seed(1234)
-    x = torch.randn(rows, hidden, device=dev, generator=g)
-    x[:, ::97] *= 30
-    return x.to(torch.bfloat16), torch.randn(hidden, device=dev, generator=g).to(w_dt)
-
-
 def sweep_rows(run: Run, hidden: int, kind: str) -> tuple[dict, list[int]]:
     """({T: {block_m: us}}, variants with other bits): the entry's tile with each row count
     of rows_candidates, interleaved per T (ROWS_T); a variant whose y or rstd differ from
     the tile's in one bit on outlier rows (ROWS_BITS_T; a residual too) is not timed."""
     cfg = config_in(run.table, "forward", hidden, kind)
     w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
-    x, w = _bits_outliers(hidden, ROWS_BITS_T, run.device, w_dt)
-    r = torch.randn_like(x)
+    case = make_case("outlier", (ROWS_BITS_T,), hidden, weight_dtype=w_dt, residual=True, seed=1234,
+                     device=run.device)
+    x, w, r = case.x, case.weight, case.residual
     own = cfg.tile.block_m
     ref = [_fwd_with(cfg.replace(rows_block_m=()), hidden, x, w, kind, rr) for rr in (None, r)]
     bms, differ = [], []
