@@ -64,7 +64,7 @@ batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, load_weight, negated, round_to, row_offsets
+from .common import INTERPRETED, load_weight, negated, round_to, row_dot, row_offsets
 from .gate import gate_activation, load_gate
 
 
@@ -223,14 +223,14 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
                                                     stride_zt, stride_zh, TWO_LEVEL)
         b_rstd = r_rstd
         b_h, b_dy, b_a, b_da, b_xhat, b_g = _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE, GATE_FIRST)
-        b_s = tl.sum(b_g * b_xhat, axis=1)
+        b_s = row_dot(b_g, b_xhat)
         if BLOCK_N2 > 0:
             # the row's second piece (plain loads): its sum joins the first piece's
             mask2 = m_m[:, None] & m_n2[None, :]
             q_h, q_dy, _, q_z = _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n2, m_n2, NH, stride_ht, stride_hh,
                                                stride_dyt, stride_dyh, stride_zt, stride_zh, TWO_LEVEL)
             q_h, q_dy, q_a, q_da, q_xhat, q_g = _tile_terms(q_h, q_dy, q_z, b_rstd, W, b_w2, GATE, GATE_FIRST)
-            b_s += tl.sum(q_g * q_xhat, axis=1)
+            b_s += row_dot(q_g, q_xhat)
         b_c = b_s / n_cols
         _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_n, mask,
                            n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)

@@ -10,6 +10,8 @@ Optional tensors (weight, residual, gate, dh, ...) are passed to the kernels
 as None when absent: Triton specialises a None argument as a constant, so
 `if W is not None` is decided at compile time, like a constexpr flag.
 """
+import re
+
 import triton
 import triton.language as tl
 
@@ -106,20 +108,41 @@ def rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps):
 
 
 @triton.jit
+def row_dot(b_a, b_b):
+    """sum_j a_j * b_j of each row of a [rows, columns] tile, in float32.
+
+    Triton 3.6 sums a thread's values one after another, each product fused into its
+    addition. Later Triton (3.7 on: TREE_SUMS) sums them as a tree, and LLVM's vectoriser
+    regroups that tree's additions differently as the code around it changes, so the
+    backend fuses other products into them: under Triton 3.9, compiled for sm_90, the
+    backward of a float32 residual stream at H 256 fused 40 products into its row sums
+    at T 1 and 38 at T >= 16 (H 128: 80 and 79), and a row's dx would follow T. There
+    each product is rounded on its own (mul.rn, which no compiler fuses) before the tree,
+    so every form of a kernel sums the same values in the same order. Triton 3.6 keeps its
+    fused chain (the compiled code of every form is unchanged); the interpreter fuses nothing."""
+    b_p = b_a * b_b
+    if TREE_SUMS:
+        if not INTERPRETED:
+            b_p = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [b_a, b_b], dtype=tl.float32,
+                                            is_pure=True, pack=1)
+    return tl.sum(b_p, axis=1)
+
+
+@triton.jit
 def rstd_of_rows(b_u, b_u2, n_cols, eps):
     """rstd of each row of a tile holding whole rows (float32 u; b_u2 the rows'
     second piece, or None). The scaled sum is formed only when some row of the
     tile overflowed: a tile of ordinary rows does exactly what rstd_from_sumsq does."""
-    b_ss = tl.sum(b_u * b_u, axis=1)
+    b_ss = row_dot(b_u, b_u)
     if b_u2 is not None:
-        b_ss += tl.sum(b_u2 * b_u2, axis=1)
+        b_ss += row_dot(b_u2, b_u2)
     b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
     if tl.max(b_ss, axis=0) == float("inf"):
         b_s = b_u * SCALE_DOWN
-        b_ss_scaled = tl.sum(b_s * b_s, axis=1)
+        b_ss_scaled = row_dot(b_s, b_s)
         if b_u2 is not None:
             b_s2 = b_u2 * SCALE_DOWN
-            b_ss_scaled += tl.sum(b_s2 * b_s2, axis=1)
+            b_ss_scaled += row_dot(b_s2, b_s2)
         b_rstd = rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps)
     return b_rstd
 
@@ -132,3 +155,7 @@ except ImportError:  # pragma: no cover - a Triton without the interpreter
 # when Triton first compiled these modules): the same decision Triton made, so the
 # rounding shim applies exactly when the interpreter runs the kernels.
 INTERPRETED = tl.constexpr(isinstance(round_to, _Interpreted))
+# Whether this Triton sums a thread's values of a reduction as a tree (row_dot): from 3.7
+# (the change came in with triton-lang/triton#9220, merged after 3.6); 3.6 and before sum
+# them one after another
+TREE_SUMS = tl.constexpr(tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 7))
