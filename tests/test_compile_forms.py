@@ -54,3 +54,16 @@ def test_load_forms_compile_to_the_same_arithmetic():
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the same floating-point instructions" in res.stdout
+
+
+def test_narrow_planned_forms_sum_rows_alike():
+    # the backward forms the plans take as T grows, at the widths where Triton 3.9 had a
+    # row's products fused into its sum in one form and rounded alone in another (a float32
+    # residual stream at H 128 and 256: 80 against 79 and 40 against 38 multiply-adds, so
+    # dx followed T) and a width of 1000 (one value a thread): every stream set the same
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--planned", "--hidden",
+                          "128,256,1000"], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "the same at every T and in both modes" in res.stdout
