@@ -389,9 +389,10 @@ NEG_ZERO = "0f80000000"
 def _without_identities(ptx: str) -> str:
     """The PTX without the float32 multiply-adds that round nothing: a * b + (-0), which is
     a * b rounded once, bit for bit (x + -0 = x for every x, -0 and +0 included), and
-    a * (-0) + c, which is c. Triton 3.9 writes masked-off rows' products and pass-throughs
-    so (the H 128 float32-stream backward: fma with a -0 register as the addend), 3.6 as
-    plain multiplies; counted as they are, the two would read as a fused product."""
+    a * (-0) + c, which is c. Under Triton 3.9 LLVM's vectoriser pads vector lanes with
+    such identities (the H 128 float32-stream backward: fma with a -0 register as the
+    addend), where 3.6 writes plain multiplies; counted as they are, the two would read as
+    a fused product."""
     zeros = set(re.findall(rf"mov\.b32\s+(%r\d+), {NEG_ZERO};", ptx)) | {NEG_ZERO}
     keep = []
     for line in ptx.splitlines():
