@@ -2,6 +2,7 @@
 # Runs on the H200 machine from the repository root (device tool). Phases:
 #   test [args]    GPU test suite (WORKERS=4 xdist workers where pytest-xdist is installed; 1: serial)
 #   verify [args]  trainnorm verify
+#   ledger         test (both passes), then verify --quick: what a line of docs/reliability/gpu-runs.md needs
 #   bits OLD_SRC   trainnorm.dev.bits here and against another checkout's src/ (both at once), then compared
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
 #   tune [args]    python -m trainnorm.dev.tune (e.g. --sweep-bwd; the table lands in $OUT/tune/)
@@ -25,6 +26,9 @@ case "$phase" in
             timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"
             echo "pass 2 (bigmem): exit $?"; } 2>&1 | tee "$d/log" | tail -40
           grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|^pass [12] " "$d/log" | tail -30 ;;
+  ledger) WORKERS="${WORKERS:-6}" LIMIT="${LIMIT:-300}" bash "$0" test; t=$?
+          LIMIT="${VLIMIT:-180}" bash "$0" verify --quick; v=$?
+          echo "ledger: test exit $t, verify exit $v" | tee "$d/log"; (exit $((t || v))) ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bits)   # alone on the GPU: beside the test suite both sides ran past 250 s on an H100
           { PYTHONPATH="$1" timeout "${LIMIT:-480}" python3 src/trainnorm/dev/bits.py --out "$d/old.json" > "$d/old.log" 2>&1 &
