@@ -38,8 +38,9 @@ def round_to(b, DTYPE: tl.constexpr):
 
     The GPU's conversion does this natively. Triton's interpreter truncates
     float32 -> bfloat16, so there (INTERPRETED) the rounding is done on the
-    bits, and the CPU tests see the GPU's results. This and the float64 atomics
-    of kernels/backward.py are the only places that know of the interpreter."""
+    bits, and the CPU tests see the GPU's results. This, row_dot (no inline PTX
+    there) and the float64 atomics of kernels/backward.py are the only places that
+    know of the interpreter."""
     if INTERPRETED and DTYPE == tl.bfloat16:
         u = b.to(tl.uint32, bitcast=True)
         u = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
