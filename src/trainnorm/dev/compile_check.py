@@ -738,6 +738,7 @@ def main(argv=None) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     target = GPUTarget("cuda", args.arch, 32)
+    widths = [int(h) for h in args.hidden.split(",")] if args.hidden else None
     for wanted, check, what, same in ((args.rows, check_forward_rows, "forward rows per tile",
                                        "one order of a row's sum at every row count"),
                                       (args.planned, check_planned, "planned forms",
@@ -745,8 +746,7 @@ def main(argv=None) -> int:
                                       (args.load_forms, check_load_forms, "load forms",
                                        "the same floating-point instructions")):
         if wanted:
-            widths = [int(h) for h in args.hidden.split(",")] if args.hidden and check is check_planned else None
-            bad = check(target, widths) if widths else check(target)
+            bad = check(target, widths) if check is check_planned else check(target)
             for line in bad:
                 print(f"  {what.upper()} DIFFER ", line)
             print(f"{what} (Triton {triton.__version__}, sm_{args.arch}):",
