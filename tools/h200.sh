@@ -26,9 +26,9 @@ case "$phase" in
             timeout "${LIMIT:-480}" python3 -m pytest -q -p no:xdist -m bigmem tests "$@"
             echo "pass 2 (bigmem): exit $?"; } 2>&1 | tee "$d/log" | tail -40
           grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)|^pass [12] " "$d/log" | tail -30 ;;
-  ledger) WORKERS="${WORKERS:-6}" LIMIT="${LIMIT:-300}" bash "$0" test; t=$?
-          LIMIT="${VLIMIT:-180}" bash "$0" verify --quick; v=$?
-          echo "ledger: test exit $t, verify exit $v" | tee "$d/log"; (exit $((t || v))) ;;
+  ledger) # the counts are in test.tgz's log (the test phase reports passes, not an exit status)
+          WORKERS="${WORKERS:-6}" LIMIT="${LIMIT:-300}" bash "$0" test
+          LIMIT="${VLIMIT:-180}" bash "$0" verify --quick 2>&1 | tee "$d/log" | tail -3 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
   bits)   # alone on the GPU: beside the test suite both sides ran past 250 s on an H100
           { PYTHONPATH="$1" timeout "${LIMIT:-480}" python3 src/trainnorm/dev/bits.py --out "$d/old.json" > "$d/old.log" 2>&1 &
