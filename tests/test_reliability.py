@@ -482,3 +482,24 @@ def test_bit_comparison_of_odd_strided_views():
     assert torch.equal(bits(a[1:, :1]), bits(torch.tensor([[float("nan")]], dtype=torch.float16)))
     assert not torch.equal(bits(a[:1, 1:]), bits(torch.zeros(1, 1, dtype=torch.float16)))
     assert_bits_equal(one, one.clone())
+
+
+def test_bits_fingerprint_sees_one_bit_and_a_swap(monkeypatch):
+    # trainnorm.dev.bits fingerprints outputs on their device by exact position-weighted
+    # byte sums per block: one flipped bit, two values trading places (in one block and
+    # across blocks) and the byte count each change it; equal bytes (a view or a copy) do not
+    from trainnorm.dev import bits as bits_tool
+    monkeypatch.setattr(bits_tool, "DIGEST_CHUNK", 3 * bits_tool.DIGEST_BLOCK)   # several chunks
+    x = torch.randn(700, 333).to(torch.bfloat16)
+    x[3, 4], x[3, 9], x[650, 2] = 1.0, 2.0, 3.0
+    d = bits_tool._digest(x)
+    assert d == bits_tool._digest(x.clone()) == bits_tool._digest(x.t().contiguous().t())
+    flipped = x.clone()
+    flipped.view(torch.int16)[123, 45] ^= 1
+    assert bits_tool._digest(flipped) != d
+    for (i, j), (k, m) in (((3, 4), (3, 9)), ((3, 4), (650, 2))):
+        swapped = x.clone()
+        swapped[i, j], swapped[k, m] = x[k, m], x[i, j]
+        assert bits_tool._digest(swapped) != d
+    assert bits_tool._digest(torch.zeros(10)) != bits_tool._digest(torch.zeros(11))
+    assert bits_tool._digest(None) is None

@@ -30,7 +30,8 @@ case "$phase" in
           WORKERS="${WORKERS:-6}" LIMIT="${LIMIT:-300}" bash "$0" test
           LIMIT="${VLIMIT:-180}" bash "$0" verify --quick 2>&1 | tee "$d/log" | tail -3 ;;
   verify) timeout "${LIMIT:-480}" python3 -m trainnorm verify --out "$d" "$@" 2>&1 | tee "$d/log" | tail -60 ;;
-  bits)   # alone on the GPU: beside the test suite both sides ran past 250 s on an H100
+  bits)   # alone on the GPU: both sides ran past 250 s beside the suite on an H100 and past 300 s alone on
+          # an H200 while the outputs were hashed on the host (bits.py now fingerprints them on the GPU)
           { PYTHONPATH="$1" timeout "${LIMIT:-480}" python3 src/trainnorm/dev/bits.py --out "$d/old.json" > "$d/old.log" 2>&1 &
             timeout "${LIMIT:-480}" python3 -m trainnorm.dev.bits --out "$d/new.json" > "$d/new.log" 2>&1; wait
             python3 -m trainnorm.dev.bits --compare "$d/old.json" "$d/new.json"; } 2>&1 | tee "$d/log" | tail -40 ;;
