@@ -14,6 +14,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
+    python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -50,6 +51,13 @@ activations (the explicit and the autograd entry points) at its 16-bit key's
 config, with plain loads, deeper descriptor stages and the float32 key's config,
 against the bf16 residual pair: raw times to probe-stream.json and the log
 (docs/benchmarks/tune/h200-stream.txt holds the first such probe).
+
+--probe-latency times, at few rows (LATENCY_PROBE_CASES), trainnorm's forward and
+backward beside the peers' forwards that import (`trainnorm bench`'s adapters) and
+two floors, an empty Triton kernel and a copy of the rows, each with the L2 flushed
+before every replay and without: where a small-T forward's time goes (a gap to a peer
+that closes without the flush is spent on cold fetches, one that stays is the kernel's
+own path). Raw times to probe-latency.json and the log.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -972,6 +980,60 @@ def probe_stream(run: Run, cases=STREAM_PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+LATENCY_PROBE_CASES = tuple((h, t) for h in (2048, 4096, 5120, 6144) for t in (1, 4, 64))
+LATENCY_PEERS = ("liger", "torch-compile", "quack", "fla")
+
+
+class _NoFlush:
+    def __call__(self) -> None:
+        pass
+
+
+def latency_fns(hidden: int, rows: int, device, peers=LATENCY_PEERS) -> tuple[dict, list]:
+    """({name: zero-argument callable}, [adapters to end_row]) for probe_latency: trainnorm's
+    forward and backward, each importable peer's forward (bench adapters, bench data), an
+    empty Triton kernel over the rows' programs and a copy of the rows (a load and a store
+    of each element, one program a row)."""
+    from trainnorm.bench import impls as bench_impls
+    from trainnorm.bench import shapes
+    from trainnorm.dev.floors import copy_rows_kernel, empty_kernel
+    row = shapes.Row(hidden, rows)
+    d = bench_impls.make_row_data(row, device)
+    adapters = [i for i in bench_impls.make_impls() if i.name in ("trainnorm",) + tuple(peers) and i.available()]
+    fns, begun = {}, []
+    for impl in adapters:
+        if impl.skip_reason(row):
+            continue
+        impl.begin_row(d)
+        begun.append(impl)
+        fns[f"{impl.name} fwd"] = impl.prepare(d, "fwd")
+        if impl.name == "trainnorm":
+            fns["trainnorm bwd"] = impl.prepare(d, "bwd")
+    x = d.x.reshape(-1, hidden)
+    y = torch.empty_like(x)
+    sink = torch.empty(x.shape[0], device=device)
+    block = next_pow2(hidden)
+    warps = 4 if block < 2048 else 8 if block < 8192 else 16
+    fns["empty kernel"] = lambda: empty_kernel[(x.shape[0],)](sink)
+    fns["row copy"] = lambda: copy_rows_kernel[(x.shape[0],)](x, y, hidden, BLOCK=block, num_warps=warps)
+    return fns, begun
+
+
+def probe_latency(run: Run, cases=LATENCY_PROBE_CASES, peers=LATENCY_PEERS) -> None:
+    """Time latency_fns at each (H, rows), interleaved, with run.flush before every replay
+    and without; raw times to probe-latency.json (the module docstring says what for)."""
+    for hidden, rows in cases:
+        fns, begun = latency_fns(hidden, rows, run.device, peers)
+        for flushed, flush in (("flush", run.flush), ("no flush", _NoFlush())):
+            times = time_fns(fns, flush)
+            what = f"H{hidden} rows {rows} {flushed}"
+            run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
+            run.raw[what] = times
+        run.save("probe-latency.json")
+        for impl in begun:
+            impl.end_row()
+
+
 def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
     """Leave out (and log) a candidate whose outputs are not those of the rule's config up
     to the reduction order: a broken config is not timed."""
@@ -998,9 +1060,11 @@ def parse_args(argv=None):
                        help="the analytical defaults against single edits of them at widths the table does not hold")
     sweep.add_argument("--probe-stream", action="store_true",
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
+    sweep.add_argument("--probe-latency", action="store_true",
+                       help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
     p.add_argument("--cases", default=None,
-                   help="with --probe-defaults or --probe-stream: comma-separated HxROWS (default: PROBE_CASES, "
-                        "STREAM_PROBE_CASES)")
+                   help="with --probe-defaults, --probe-stream or --probe-latency: comma-separated HxROWS "
+                        "(default: PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
     p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (the 'gated' entries)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
@@ -1009,8 +1073,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not args.sweep_bwd:
         p.error("--gated needs --sweep-bwd")
-    if args.cases and not (args.probe_defaults or args.probe_stream):
-        p.error("--cases needs --probe-defaults or --probe-stream")
+    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency):
+        p.error("--cases needs --probe-defaults, --probe-stream or --probe-latency")
     return args
 
 
@@ -1039,7 +1103,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    probe = args.probe_defaults or args.probe_stream
+    probe = args.probe_defaults or args.probe_stream or args.probe_latency
     run = Run(table=start_table(path, arch), table_path=None if probe else path, out=args.out,
               device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
@@ -1050,6 +1114,8 @@ def main(argv=None) -> int:
             probe_gated_forward(run, cases or GATED_PROBE_CASES)
         elif args.probe_stream:
             probe_stream(run, cases or STREAM_PROBE_CASES)
+        elif args.probe_latency:
+            probe_latency(run, cases or LATENCY_PROBE_CASES)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
