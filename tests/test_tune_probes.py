@@ -52,7 +52,7 @@ def test_probe_latency_times_trainnorm_and_the_floors_with_and_without_flush(mon
 
 def test_copy_rows_floor_copies_the_rows():
     # on the CPU through the interpreter (tests/conftest.py turns it on)
-    from trainnorm.dev.floors import copy_rows_kernel
+    from trainnorm.kernels.floors import copy_rows_kernel
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(5, 100, device=dev).to(torch.bfloat16)
     y = torch.zeros_like(x)

@@ -996,7 +996,7 @@ def latency_fns(hidden: int, rows: int, device, peers=LATENCY_PEERS) -> tuple[di
     of each element, one program a row)."""
     from trainnorm.bench import impls as bench_impls
     from trainnorm.bench import shapes
-    from trainnorm.dev.floors import copy_rows_kernel, empty_kernel
+    from trainnorm.kernels.floors import copy_rows_kernel, empty_kernel
     row = shapes.Row(hidden, rows)
     d = bench_impls.make_row_data(row, device)
     adapters = [i for i in bench_impls.make_impls() if i.name in ("trainnorm",) + tuple(peers) and i.available()]

@@ -1,6 +1,7 @@
 """Two kernels that measure floors for `python -m trainnorm.dev.tune --probe-latency`: what
 a launch costs with nothing to do, and what reading and writing rows costs with nothing
-computed. They are not part of the package's data path."""
+computed. No entry point launches them: they sit beside the data path's kernels because the
+package imports Triton in kernels/ alone."""
 import triton
 import triton.language as tl
 
