@@ -406,11 +406,16 @@ SMALL_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 SMALL_LOADS = ((False, 0), (True, 0), (False, 2), (False, 3), (False, 4))
 # column-slice dw tiles (slice_block_m, slice_block_n, split_roles, slice_stages);
 # trainnorm.dev.compile_check compiles these. With split roles the row programs and the slice
-# programs run side by side, so slices over more rows a step (up to 64), narrower slices (more
-# programs) and a slice's steps pipelined (loads in flight while the step before adds) can pay
+# programs run side by side, so slices over more rows a step, narrower slices (more
+# programs) and a slice's steps pipelined (loads in flight while the step before adds) can pay.
+# A slice walks its rows one step after another, each step a load's latency: at T 256 the
+# 64-row tiles take four (H 5120 and 6144 ran 0.84-0.85x torch.compile there on the H200,
+# docs/benchmarks/h200-small), so tiles of 128 and 256 rows (two steps or one there) are
+# timed too (compile_check --only slices, Triton 3.6: they spill only where every tile
+# does, 8 bytes in the gated backward at H 8200)
 SMALL_SLICES = ((16, 64, False, 0), (16, 128, False, 0), (32, 128, False, 0), (16, 64, True, 0),
                 (32, 64, True, 0), (64, 64, True, 0), (32, 32, True, 0), (64, 32, True, 0), (16, 64, True, 3),
-                (32, 32, True, 3))
+                (32, 32, True, 3), (128, 16, True, 0), (128, 32, True, 0), (256, 16, True, 0))
 ALWAYS = 1 << 40          # a window that covers every count
 
 
