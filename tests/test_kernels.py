@@ -677,11 +677,56 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
     assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant()).hold == (tiles <= FWD_COL_UNROLL_MAX)
     for a, b, n in zip((y, rstd), fwd(case.x, case.residual, z), ("y", "rstd")):
         assert_bits_equal(a, b, f"{n}, tiles held")
+    # the weight's tiles read before the first walk and held (unrolled walks; rolled ones read it late)
+    for hold in (False, True):
+        use_configs(forward=cfg.replace(hold_tiles=hold, weight_read="rows"))
+        fp = plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant(gate="silu" if gate else None))
+        assert fp.weight == ("rows" if tiles <= FWD_COL_UNROLL_MAX else "late")
+        for a, b, n in zip((y, rstd), fwd(case.x, case.residual, z), ("y", "rstd")):
+            assert_bits_equal(a, b, f"{n}, weight read with the rows, held {hold}")
     if residual:
         h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)[2]
         use_configs(forward=cfg)
         assert_bits_equal(h, trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)[2],
                           "h, tiles held")
+
+
+@pytest.mark.parametrize("hidden,pieces", [(100, False), (96, True)])
+@pytest.mark.parametrize("residual,gate,offset", [(False, None, False), (True, None, True), (False, "after", False)])
+def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gate, offset):
+    # the one-tile form (one tile of 128, or 64 + 32 columns as two pieces) with the weight
+    # read before the tile loop, beside the rows' loads and after the sum of squares: the same
+    # bits (y, rstd, h), and within the budget of FP64; a weight_read outside the set is refused
+    rows = 37
+    w_dtype = torch.float32 if residual else torch.bfloat16
+    b1, b2 = configs.row_pieces(hidden) if pieces else (128, 0)
+    cfg = fwd_config(hidden, torch.bfloat16, w_dtype).replace(block_m=2, block_n=b1, block_n2=b2, num_warps=2,
+                                                              tma_stages=0, hold_tiles=False)
+    case = make_case("outlier", (rows,), hidden, residual=residual, weight_dtype=w_dtype, seed=hidden,
+                     device=device)
+    z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
+    variant = Variant(gate="silu" if gate else None, weight_offset=1.0 if offset else 0.0)
+
+    def fwd():
+        if gate:
+            return trainnorm.rms_norm_gated_forward(case.x, z, case.weight, EPS)
+        return trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual,
+                                          weight_offset=1.0 if offset else 0.0)
+
+    outs = {}
+    for read in ("early", "rows", "late"):
+        use_configs(forward=cfg.replace(weight_read=read))
+        assert plan.forward_plan(hidden, torch.bfloat16, w_dtype, variant).weight == read
+        outs[read] = fwd()
+    for read in ("rows", "late"):
+        for a, b, n in zip(outs["early"], outs[read], ("y", "rstd", "h")):
+            assert_bits_equal(a, b, f"{n}, weight read {read}")
+    if not gate:
+        y64, _, _ = reference.forward_fp64(case.x, case.weight, EPS, case.residual, None, True,
+                                           weight_offset=1.0 if offset else 0.0)
+        assert_close64(outs["rows"][0], y64, "y")
+    with pytest.raises(ValueError, match="weight_read"):
+        cfg.replace(weight_read="first")
 
 
 PIECES_CASES = {   # name: (lead, hidden, make_case kwargs, gate)

@@ -78,11 +78,12 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             fwd_one_tile_kernel[(grid,)](
                 xv, rv, zv, weight, y, h_out, rstd, desc_x, desc_r, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, BLOCK_N2=cfg.block_n2, TMA_STAGES=stages or None,
-                EARLY_WEIGHT=bool(stages) or plan.early_weight, **common)
+                WEIGHT="early" if stages else plan.weight, **common)
         else:
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
-                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.hold, **common)
+                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.hold,
+                WEIGHT=plan.weight, **common)
     return y, rstd, h
 
 

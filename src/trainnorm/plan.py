@@ -53,7 +53,8 @@ class DwForm(str, Enum):
 
 # --- forward ----------------------------------------------------------------------------
 
-# The plain forward reads the weight before the rows (kernels/forward.py, EARLY_WEIGHT)
+# Where a config names no weight_read (configs.FwdSchedule), the one-tile forward with
+# plain loads reads the weight before the rows (kernels/forward.py, WEIGHT "early")
 # where that holds at most 16 weight values a thread: on the H200 (trainnorm.dev.tune
 # --sweep-fwd) H 2048 bm1 w4 (16 a thread) read early was the best plain tile
 # (T1 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
@@ -74,7 +75,7 @@ FWD_COL_UNROLL_MAX = 8
 class ForwardPlan:
     cfg: FwdConfig
     col_tiles: int           # 1: fwd_one_tile_kernel; more: fwd_col_tiles_kernel
-    early_weight: bool       # the one-tile form with plain loads reads the weight first
+    weight: str              # when programs with plain loads read the weight: "early", "rows" or "late"
     col_unroll: int          # the column-tile form's unroll factor
     hold: bool = False       # the column-tile form holds a row's tiles between its walks
 
@@ -91,9 +92,21 @@ class ForwardPlan:
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
     cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))
     col_tiles = cfg.col_tiles(hidden)
-    early = not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
-    return ForwardPlan(cfg, col_tiles, early, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles)
+    return ForwardPlan(cfg, col_tiles, weight_read(cfg, col_tiles, gated), col_tiles if unrolled else 1,
+                       unrolled and cfg.hold_tiles)
+
+
+def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False) -> str:
+    """When programs with plain loads read the weight: the config's weight_read where its
+    form takes it, else the rule above."""
+    if col_tiles > 1:
+        # the column-tile form holds the weight beside its first walk only where that walk is
+        # unrolled (a tile's weight per tile of the row); "early" is the one-tile form's
+        return "rows" if cfg.weight_read == "rows" and col_tiles <= FWD_COL_UNROLL_MAX else "late"
+    if cfg.weight_read:
+        return cfg.weight_read
+    return "early" if not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps else "late"
 
 
 # Plans are looked up on every call: cached, except inside configs.override(...)

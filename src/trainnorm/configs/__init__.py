@@ -152,6 +152,9 @@ class FwdTile:
         return _col_tiles(self, hidden)
 
 
+WEIGHT_READS = ("", "rows", "late", "early")
+
+
 @dataclass(frozen=True)
 class FwdSchedule:
     # rows that fit one tile: read x (and r) through tensor descriptors, the
@@ -172,8 +175,18 @@ class FwdSchedule:
     # of a row in registers between the two walks rather than read x (and r) again from
     # L1 / L2 (the same additions in the same order: timing only)
     hold_tiles: bool = False
+    # when a program with plain loads reads the weight (kernels/forward.py, WEIGHT):
+    # "rows" beside the first row tile's loads (both in flight together; a row walked in
+    # column tiles then walks statically, holding the weight), "late" after the row's sum
+    # of squares (no registers held for it while the rows are in flight), "early" before
+    # the tile loop (one-tile form; its float32 conversion there makes the rows' loads wait
+    # for it). "": plan.py's rule. Descriptor loads always read it once per program.
+    # Timing only: the same products in the same order.
+    weight_read: str = ""
 
     def __post_init__(self):
+        if self.weight_read not in WEIGHT_READS:
+            raise ValueError(f"weight_read must be one of {WEIGHT_READS}, got {self.weight_read!r}")
         windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)
         object.__setattr__(self, "rows_block_m", windows)
         if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \

@@ -10,7 +10,7 @@ ptxas with -v on the PTX: registers, spill bytes and shared memory per form. A
 form that does not compile, that spills or that asks for more shared memory than
 one block may have is reported and the exit status is 1.
 
-    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces]
+    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces|fwd-weight]
     python -m trainnorm.dev.compile_check --load-forms
     python -m trainnorm.dev.compile_check --planned
 
@@ -260,6 +260,21 @@ def exercise_fwd_tiles(widths=None, limit=None):
                     for res in (None, r):
                         trainnorm.rms_norm_forward(x, w, residual=res)
                     trainnorm.rms_norm_gated_forward(x, r, w)
+
+
+def exercise_fwd_weight(widths=None):
+    """The forward entries with each weight read (and hold) trainnorm.dev.tune --sweep-weight times."""
+    import trainnorm
+    from trainnorm import configs
+    from trainnorm.dev.tune import FWD_WIDTHS, weight_candidates
+    for hidden in FWD_WIDTHS if widths is None else widths:
+        for wdt in (torch.bfloat16, torch.float32):
+            x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt)
+            base = configs.forward_config(configs.forward_key(hidden, 2, wdt.itemsize, None, False))
+            for cfg in weight_candidates(base.replace(tma_stages=0), hidden).values():
+                with configs.override(forward=cfg):
+                    for res in (None, r):
+                        trainnorm.rms_norm_forward(x, w, residual=res)
 
 
 def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):
@@ -701,6 +716,8 @@ def collect(args, target) -> Launches:
             exercise_fwd_tiles(**(dict(widths=(5120,), limit=1) if quick else {}))
         if args.only in (None, "pieces"):
             exercise_pieces(**(dict(widths=(5120,), limit=1) if quick else {}))
+        if args.only in (None, "fwd-weight"):
+            exercise_fwd_weight(**(dict(widths=(5120,)) if quick else {}))
     return launches
 
 
@@ -711,9 +728,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few forms of each kernel")
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: one per CPU)")
-    p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces"), default=None,
+    p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces", "fwd-weight"), default=None,
                    help="only the forms the plans launch (what users run), or only the tuner's column-slice "
-                        "tiles, forward descriptor depths, two-pass tiles or two-piece rows")
+                        "tiles, forward descriptor depths, two-pass tiles, two-piece rows or weight reads")
     p.add_argument("--load-forms", action="store_true",
                    help="only check that the load forms (plain, prefetch, tensor descriptors) and the backward "
                         "forms the plans take as T grows compile to the same floating-point instructions")

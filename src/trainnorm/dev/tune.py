@@ -12,6 +12,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-bwd [--gated] [--hidden 512,4096] --out DIR
     python -m trainnorm.dev.tune --sweep-small --out DIR
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
+    python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
@@ -35,6 +36,13 @@ into the entry's windows, schedule and slice tile.
 --sweep-fwd times every forward tile at T 1-65536 (plain loads, tensor
 descriptors, rows walked in narrower tiles) and writes the "plain" entries
 and, at the bench's float32-weight widths, the "weight_fp32" ones.
+
+--sweep-weight times, at T 1-65536, each forward entry with plain loads with
+each weight read its form takes (configs.FwdSchedule.weight_read: before the
+tile loop, beside the rows' loads, after the sum of squares) and, for rows
+walked in column tiles, the tiles held or walked twice: the same bits, a
+load's latency apart at few rows. It writes each entry's weight_read and
+hold_tiles.
 
 --probe-defaults times, at widths the table does not hold, the analytical
 defaults' configs (configs.default_backward / default_forward) against single
@@ -89,6 +97,7 @@ import trainnorm
 from trainnorm import configs
 from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2, row_pieces
 from trainnorm.configs import table as tables
+from trainnorm import plan as plan_mod
 from trainnorm.families import make_case
 
 ELT = 2                       # the sweeps time bf16 activations (fp16 shares the entries)
@@ -793,6 +802,102 @@ def write_rows_entry(table: dict, entry: dict, res: dict, differ, gpu: str) -> s
     return note
 
 
+# --- when the forward reads the weight (--sweep-weight) -------------------------------------------
+
+WEIGHT_NOTE = "weight: "
+# a variant replaces the entry's own read only where its geomean over ROWS_T is lower by more
+# than this: at few rows the variants differ by a load's latency, at many by nothing or registers
+WEIGHT_NOISE = 0.01
+
+
+def weight_candidates(cfg: FwdConfig, hidden: int) -> dict:
+    """{name: config}: the entry's tile with each weight read (configs.FwdSchedule.weight_read)
+    its form takes, and for rows walked in column tiles (unrolled) each with the tiles held
+    or walked twice. The entry's own config is among them, under its own name."""
+    tiles = cfg.col_tiles(hidden)
+    if tiles == 1:
+        reads, holds = ("early", "rows", "late"), (False,)
+    elif tiles <= plan_mod.FWD_COL_UNROLL_MAX:
+        reads, holds = ("rows", "late"), (False, True)
+    else:
+        reads, holds = ("late",), (False,)
+    return {f"{r}{' held' if h else ''}": cfg.replace(weight_read=r, hold_tiles=h) for r in reads for h in holds}
+
+
+def _weight_name(cfg: FwdConfig, hidden: int) -> str:
+    """The weight_candidates name of the read (and hold) the plan gives the config."""
+    tiles = cfg.col_tiles(hidden)
+    read = plan_mod.weight_read(cfg, tiles)
+    return f"{read}{' held' if cfg.hold_tiles and 1 < tiles <= plan_mod.FWD_COL_UNROLL_MAX else ''}"
+
+
+def sweep_weight(run: Run, hidden: int, kind: str) -> tuple[dict, list[str]]:
+    """({T: {name: us}}, variants with other bits): the entry's config with each weight read
+    (weight_candidates), interleaved per T (ROWS_T); a variant whose y, rstd or h differ in
+    one bit from the entry's on outlier rows (ROWS_BITS_T, with and without a residual) is
+    not timed (the read moves no addition: that would be a broken form)."""
+    cfg = config_in(run.table, "forward", hidden, kind)
+    w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
+    case = make_case("outlier", (ROWS_BITS_T,), hidden, weight_dtype=w_dt, residual=True, seed=1234,
+                     device=run.device)
+    ref = [_fwd_with(cfg, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
+    cands, differ = {}, []
+    for name, c in weight_candidates(cfg, hidden).items():
+        outs = [_fwd_with(c, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
+        if all(torch.equal(a, b) for o, q in zip(outs, ref) for a, b in zip(o, q) if a is not None):
+            cands[name] = c
+        else:
+            differ.append(name)
+            run.log(f"  {kind} H{hidden} {name}: y / rstd / h differ from the entry's bits; not timed")
+    res = {}
+    for tokens in ROWS_T:
+        x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
+        w = torch.randn(hidden, device=run.device).to(w_dt)
+        fns = {n: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind)) for n, c in cands.items()}
+        res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
+        run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
+    return res, differ
+
+
+def choose_weight(res: dict, own: str) -> tuple[str, dict]:
+    """(name, {name: geomean of its time over the best per T}): the variant with the lowest
+    geomean, the entry's own unless that is lower by more than WEIGHT_NOISE."""
+    names = list(next(iter(res.values())))
+    score = {n: _geo(res[t][n] / min(res[t].values()) for t in res) for n in names}
+    best = min(score, key=score.get)
+    if own in score and score[best] >= score[own] * (1 - WEIGHT_NOISE):
+        best = own
+    return best, score
+
+
+def tune_weight(run: Run, widths) -> None:
+    for hidden in widths:
+        for kind in ("plain", "weight_fp32"):
+            entry = find_entry(run.table, "forward", hidden, kind)
+            if entry is None:
+                continue
+            cfg = tables.to_config("forward", entry)
+            if cfg.tma_stages:
+                run.log(f"{kind} H{hidden}: descriptor loads read the weight once per program; not swept")
+                continue
+            res, differ = sweep_weight(run, hidden, kind)
+            own = _weight_name(cfg, hidden)
+            best, score = choose_weight(res, own)
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
+            times = "; ".join(f"T{t} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for t, r in sorted(res.items()))
+            note = (f"{WEIGHT_NOTE}{best} (was {own}; geomean over the best per T: "
+                    + ", ".join(f"{k} x{v:.3f}" for k, v in score.items())
+                    + f"; {gpu}, python -m trainnorm.dev.tune --sweep-weight, y / rstd / h bit-equal"
+                    + (f"; other bits: {', '.join(differ)}" if differ else "") + f"): {times} us")
+            chosen = weight_candidates(cfg, hidden)[best]
+            notes = [n for n in entry.get("notes", []) if not n.startswith(WEIGHT_NOTE)] + [note]
+            write_entry(run.table, "forward", hidden, kind, chosen, notes)
+            run.raw[f"{kind} {hidden}"] = {"times": {str(t): r for t, r in res.items()}, "differ": differ,
+                                           "chosen": best, "own": own, "gpu": gpu}
+            run.log(f"{kind} H{hidden}: {note}")
+            run.save("sweep-weight.json")
+
+
 # --- the analytical defaults (--probe-defaults) -------------------------------------------------
 
 # Widths the table does not hold, as (H, rows): configs.default_backward / default_forward
@@ -1061,6 +1166,8 @@ def parse_args(argv=None):
     sweep.add_argument("--sweep-fwd", action="store_true", help="the forward tile over token counts 1-65536")
     sweep.add_argument("--sweep-rows", action="store_true",
                        help="the forward entries' rows per tile by row count (the tile's column layout kept)")
+    sweep.add_argument("--sweep-weight", action="store_true",
+                       help="when the forward entries read the weight (and whether column tiles are held)")
     sweep.add_argument("--probe-defaults", action="store_true",
                        help="the analytical defaults against single edits of them at widths the table does not hold")
     sweep.add_argument("--probe-stream", action="store_true",
@@ -1088,7 +1195,7 @@ def main(argv=None) -> int:
     if args.hidden:
         widths = [int(h) for h in args.hidden.split(",")]
     else:
-        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd or args.sweep_rows else
+        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd or args.sweep_rows or args.sweep_weight else
                       GATED_WIDTHS if args.gated else BWD_WIDTHS)
     if args.sweep_bwd:
         known = SWEEP_TILES_GATED if args.gated else SWEEP_TILES
@@ -1127,6 +1234,8 @@ def main(argv=None) -> int:
             tune_fwd(run, widths)
         elif args.sweep_rows:
             tune_rows(run, widths)
+        elif args.sweep_weight:
+            tune_weight(run, widths)
         else:
             tune_bwd(run, widths, args.gated)
         if not probe:

@@ -77,7 +77,13 @@ def load_weight(W, o_c, m_c, W_OFFSET: tl.constexpr):
     """f32 (w + W_OFFSET) of columns o_c, as [1, N]: W_OFFSET 1 gives the (1 + w) weights
     of zero-centred norms (Gemma style), added in float32 (exact for 16-bit weights of
     magnitude at least 2**-16, else rounded once)."""
-    b_w = tl.load(W + o_c, mask=m_c, other=0.0).to(tl.float32)
+    return weight_values(tl.load(W + o_c, mask=m_c, other=0.0), W_OFFSET)
+
+
+@triton.jit
+def weight_values(r_w, W_OFFSET: tl.constexpr):
+    """load_weight's f32 (w + W_OFFSET), as [1, N], of weights r_w loaded as stored."""
+    b_w = r_w.to(tl.float32)
     if W_OFFSET != 0.0:
         b_w = b_w + W_OFFSET
     return b_w[None, :]

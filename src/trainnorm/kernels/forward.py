@@ -13,10 +13,13 @@ or, with GATE_FIRST, u = f32(h) * a(z) normalised in place of h:
 The forms (plan.py picks one from the row width and the tile):
 
 - `fwd_one_tile_kernel`: a row fits one tile of BLOCK_N columns. Program pid
-  takes row tiles pid, pid + grid, ... of BLOCK_M rows. With EARLY_WEIGHT the
-  weight is read once per program, before the first tile's rows arrive (its
-  latency hidden behind theirs); without it, for each tile after the tile's
-  sum of squares (no registers held for it while the rows are in flight).
+  takes row tiles pid, pid + grid, ... of BLOCK_M rows. WEIGHT says when the
+  weight is read: "early", once per program before the tile loop (the
+  descriptor form, whose programs take several tiles; with plain loads its
+  float32 conversion before the loop makes the first rows' loads wait for
+  it); "rows", in each tile's iteration beside the rows' loads (both in
+  flight together, converted after them); "late", after the tile's sum of
+  squares (no registers held for it while the rows are in flight).
   With TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and
   later) x (and r) are read through tensor descriptors (DESC_X, DESC_R: [rows,
   H] with a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared
@@ -34,7 +37,9 @@ The forms (plan.py picks one from the row width and the tile):
   the one-tile form, but a row holds no padding columns (H 5120 as five tiles
   of 1024 against one of 8192). With HOLD (unrolled walks only) the first
   walk's tiles stay in registers for the second: x (and r) read once, the same
-  additions in the same order.
+  additions in the same order. With WEIGHT "rows" (unrolled walks only) the
+  weight's tiles are read before the first walk's, all in flight together,
+  and held for the second; "late" reads each in the second walk.
 
 The tile's columns (block_n, warps, and so the split of a row's sum over a
 thread's values, the lanes and the warps) are a function of (H, dtype) only;
@@ -46,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .common import (SCALE_DOWN, add_residual, load_h, load_weight, round_to, row_offsets, rstd_from_sums,
-                     rstd_of_rows)
+                     rstd_of_rows, weight_values)
 from .gate import load_gate
 
 
@@ -84,14 +89,17 @@ def _with_gate(b_h, Z, o_z, mask, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, EARLY_WEIGHT: tl.constexpr,
+def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, WEIGHT: tl.constexpr,
              GATE_AFTER: tl.constexpr, W_OFFSET: tl.constexpr):
-    """y of a tile (or a piece) of rows, stored; the weight is b_w (read early) or read now."""
+    """y of a tile (or a piece) of rows, stored; the weight is b_w (read before: float32
+    "early", as stored "rows") or read now ("late")."""
     if W is not None:
-        if EARLY_WEIGHT:
-            b_wt = b_w
-        else:
+        if WEIGHT == "late":
             b_wt = load_weight(W, o_c, m_c, W_OFFSET)
+        elif WEIGHT == "rows":
+            b_wt = weight_values(b_w, W_OFFSET)
+        else:
+            b_wt = b_w
     else:
         b_wt = None
     b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE_AFTER)
@@ -112,7 +120,7 @@ def fwd_one_tile_kernel(
     GATE_FIRST: tl.constexpr,
     W_OFFSET: tl.constexpr,
     TMA_STAGES: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_mb = tl.arange(0, BLOCK_M)
@@ -123,7 +131,7 @@ def fwd_one_tile_kernel(
         m_n2 = o_n2 < n_cols
     b_w = tl.zeros([1, 1], dtype=tl.float32)
     b_w2 = b_w
-    if W is not None and EARLY_WEIGHT:
+    if W is not None and WEIGHT == "early":
         b_w = load_weight(W, o_n, m_n, W_OFFSET)
         if BLOCK_N2 > 0:
             b_w2 = load_weight(W, o_n2, m_n2, W_OFFSET)
@@ -134,6 +142,16 @@ def fwd_one_tile_kernel(
         mask = m_m[:, None] & m_n[None, :]
         o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
                                               stride_zt, stride_zh, n_cols, TWO_LEVEL)
+        if W is not None and WEIGHT == "rows":
+            # issued before the rows' loads and converted after them (_store_y): a
+            # conversion right here would make the rows' loads wait for the weight
+            r_w = tl.load(W + o_n, mask=m_n, other=0.0)
+            r_w2 = r_w
+            if BLOCK_N2 > 0:
+                r_w2 = tl.load(W + o_n2, mask=m_n2, other=0.0)
+        else:
+            r_w = b_w
+            r_w2 = b_w2
         if TMA_STAGES is not None:
             # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
             # software pipeline); rows and columns past the tensor read as zero
@@ -154,10 +172,10 @@ def fwd_one_tile_kernel(
             b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
         else:
             b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
-        _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, EARLY_WEIGHT,
+        _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT,
                  GATE is not None and not GATE_FIRST, W_OFFSET)
         if BLOCK_N2 > 0:
-            _store_y(Y, W, b_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, EARLY_WEIGHT,
+            _store_y(Y, W, r_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, WEIGHT,
                      GATE is not None and not GATE_FIRST, W_OFFSET)
         tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
@@ -177,6 +195,7 @@ def fwd_col_tiles_kernel(
     GATE_FIRST: tl.constexpr,
     W_OFFSET: tl.constexpr,
     HOLD: tl.constexpr,
+    WEIGHT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
@@ -186,6 +205,11 @@ def fwd_col_tiles_kernel(
                                           stride_zt, stride_zh, n_cols, TWO_LEVEL)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    weights = ()
+    if W is not None and WEIGHT == "rows":
+        # every weight tile's load issued before the rows', held as stored for the second walk
+        for t in tl.static_range(COL_TILES):
+            weights = weights + (tl.load(W + t * BLOCK_N + o_n, mask=t * BLOCK_N + o_n < n_cols, other=0.0),)
     if HOLD:
         # every tile of the row in registers, read once: the same additions in the same order
         held = ()
@@ -198,16 +222,25 @@ def fwd_col_tiles_kernel(
             _, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols,
                                                b_acc, b_acc_scaled, GATE, GATE_FIRST)
     b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
-    if HOLD:
+    if HOLD or WEIGHT == "rows":
         for t in tl.static_range(COL_TILES):
-            _store_tile(Y, W, Z, held[t], b_rstd, t * BLOCK_N + o_n, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST,
+            if HOLD:
+                b_u = held[t]
+            else:
+                b_u = _load_u(X, R, Z, H_OUT, t * BLOCK_N + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE,
+                              GATE_FIRST)
+            if W is not None and WEIGHT == "rows":
+                b_w = weights[t]
+            else:
+                b_w = None
+            _store_tile(Y, W, Z, b_u, b_rstd, t * BLOCK_N + o_n, o_z, o_out, m_m, n_cols, b_w, GATE, GATE_FIRST,
                         W_OFFSET)
     else:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
             # h is recomputed from x (+ r) rather than re-read from H_OUT: no
             # ordering between this program's own stores and loads is needed.
             b_u = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE, GATE_FIRST)
-            _store_tile(Y, W, Z, b_u, b_rstd, n0 + o_n, o_z, o_out, m_m, n_cols, GATE, GATE_FIRST, W_OFFSET)
+            _store_tile(Y, W, Z, b_u, b_rstd, n0 + o_n, o_z, o_out, m_m, n_cols, None, GATE, GATE_FIRST, W_OFFSET)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
@@ -235,17 +268,20 @@ def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, b_a
 
 
 @triton.jit
-def _store_tile(Y, W, Z, b_u, b_rstd, o_c, o_z, o_out, m_m, n_cols, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
-                W_OFFSET: tl.constexpr):
-    """The second walk's step: y of the columns o_c from u (the first walk's), stored."""
+def _store_tile(Y, W, Z, b_u, b_rstd, o_c, o_z, o_out, m_m, n_cols, r_w, GATE: tl.constexpr,
+                GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr):
+    """The second walk's step: y of the columns o_c from u (the first walk's), stored; the
+    weight r_w as stored (read before), or read now (r_w None)."""
     m_n = o_c < n_cols
     mask = m_m[:, None] & m_n[None, :]
     b_a = b_u
     if GATE is not None and not GATE_FIRST:
         b_a, _ = load_gate(Z, o_z + o_c[None, :], mask, GATE)
-    if W is not None:
+    if W is None:
+        b_w = None
+    elif r_w is None:
         b_w = load_weight(W, o_c, m_n, W_OFFSET)
     else:
-        b_w = None
+        b_w = weight_values(r_w, W_OFFSET)
     b_y = _normalise(b_u, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
     tl.store(Y + o_out + o_c[None, :], round_to(b_y, Y.dtype.element_ty), mask=mask)
