@@ -144,6 +144,13 @@ class BackwardPlan:
             return False, 0
         return self.cfg.schedule.loads(self.num_chunks == 1)
 
+    @property
+    def weight_rows(self) -> bool:
+        """Rows that fit one tile, in one chunk or beside column slices, read the weight beside
+        each row tile (configs.BwdSchedule.small_weight_rows)."""
+        return (self.col_tiles == 1 and self.cfg.small_weight_rows
+                and (self.num_chunks == 1 or self.dw is DwForm.COL_SLICES))
+
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
     """(num_chunks, rows_per_chunk): a function of rows and the config only."""

@@ -10,7 +10,7 @@ ptxas with -v on the PTX: registers, spill bytes and shared memory per form. A
 form that does not compile, that spills or that asks for more shared memory than
 one block may have is reported and the exit status is 1.
 
-    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces|fwd-weight]
+    python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces|weight]
     python -m trainnorm.dev.compile_check --load-forms
     python -m trainnorm.dev.compile_check --planned
 
@@ -262,11 +262,13 @@ def exercise_fwd_tiles(widths=None, limit=None):
                     trainnorm.rms_norm_gated_forward(x, r, w)
 
 
-def exercise_fwd_weight(widths=None):
-    """The forward entries with each weight read (and hold) trainnorm.dev.tune --sweep-weight times."""
+def exercise_weight(widths=None):
+    """The forward entries with each weight read (and hold) trainnorm.dev.tune --sweep-weight
+    times, and the backward's one-chunk and column-slice forms with the weight read beside
+    the rows (small_weight_rows, --sweep-small)."""
     import trainnorm
     from trainnorm import configs
-    from trainnorm.dev.tune import FWD_WIDTHS, weight_candidates
+    from trainnorm.dev.tune import FWD_WIDTHS, SMALL_WIDTHS, weight_candidates
     for hidden in FWD_WIDTHS if widths is None else widths:
         for wdt in (torch.bfloat16, torch.float32):
             x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt)
@@ -275,6 +277,14 @@ def exercise_fwd_weight(widths=None):
                 with configs.override(forward=cfg):
                     for res in (None, r):
                         trainnorm.rms_norm_forward(x, w, residual=res)
+    for hidden in SMALL_WIDTHS if widths is None else widths:
+        x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, torch.bfloat16)
+        rstd = torch.empty((300,), dtype=torch.float32)
+        with configs.override(backward=lambda key, cfg: cfg.replace(small_weight_rows=True)):
+            for rows in (1, 32):
+                for win in (dict(direct_max_rows=rows, slices_max_rows=0), dict(direct_max_rows=0, slices_max_rows=32)):
+                    with configs.override(backward=lambda key, cfg, win=win: cfg.replace(small_weight_rows=True, **win)):
+                        trainnorm.rms_norm_backward(dy[:rows], x[:rows], w, rstd[:rows])
 
 
 def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):
@@ -716,8 +726,8 @@ def collect(args, target) -> Launches:
             exercise_fwd_tiles(**(dict(widths=(5120,), limit=1) if quick else {}))
         if args.only in (None, "pieces"):
             exercise_pieces(**(dict(widths=(5120,), limit=1) if quick else {}))
-        if args.only in (None, "fwd-weight"):
-            exercise_fwd_weight(**(dict(widths=(5120,)) if quick else {}))
+        if args.only in (None, "weight"):
+            exercise_weight(**(dict(widths=(5120,)) if quick else {}))
     return launches
 
 
@@ -728,7 +738,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few forms of each kernel")
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="processes compiling in parallel (default: one per CPU)")
-    p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces", "fwd-weight"), default=None,
+    p.add_argument("--only", choices=("plans", "slices", "fwd-tma", "fwd-tiles", "pieces", "weight"), default=None,
                    help="only the forms the plans launch (what users run), or only the tuner's column-slice "
                         "tiles, forward descriptor depths, two-pass tiles, two-piece rows or weight reads")
     p.add_argument("--load-forms", action="store_true",
