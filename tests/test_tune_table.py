@@ -355,3 +355,40 @@ def test_small_weight_rows_choice():
     after = tune.find_entry(table, "backward", 5120, "plain")
     assert not tables.to_config("backward", after).small_weight_rows
     assert sum(n.startswith(tune.SMALL_WEIGHT_NOTE) for n in after["notes"]) == 1
+
+
+def test_sweep_weight_end_to_end(tmp_path, monkeypatch, device):
+    # --sweep-weight on a one-tile entry (H 512) and a column-tile one (H 5120, three tiles of
+    # 2048): every read its form takes is bit-compared and timed; a read faster by more than
+    # WEIGHT_NOISE replaces the entry's own with a 'weight:' note, one within it does not
+    times = {"early": 1.0, "rows": 1.005, "late": 2.0, "rows held": 0.5, "late held": 3.0}
+    seen = []
+
+    def timer(fns, flush, **kw):
+        seen.append(sorted(fns))
+        for fn in fns.values():
+            fn()
+        return {n: times[n] for n in fns}
+    monkeypatch.setattr(tune, "time_fns", timer)
+    monkeypatch.setattr(tune, "ROWS_T", (1, 4))
+    monkeypatch.setattr(tune, "ROWS_BITS_T", 24)
+    path = str(tmp_path / "sm_90.json")
+    table = tune.start_table(path, "sm_90")
+    for hidden, cfg in ((512, dict(tma_stages=0, weight_read="early")),
+                        (5120, dict(block_n=2048, tma_stages=0, weight_read="", hold_tiles=False))):
+        entry = tune.find_entry(table, "forward", hidden, "plain")
+        tune.write_entry(table, "forward", hidden, "plain", tables.to_config("forward", entry).replace(**cfg),
+                         entry["notes"] + ["weight: an earlier sweep's note"])
+    run = tune.Run(table=table, table_path=path, out=str(tmp_path), device=device, log=lambda s: None)
+    tune.tune_weight(run, [512, 5120])
+    # H 5120's float32-weight entry (five column tiles) is swept too
+    assert seen == [["early", "late", "rows"]] * 2 + [["late", "late held", "rows", "rows held"]] * 4
+    after = _reread(path)
+    one = tune.find_entry(after, "forward", 512, "plain")
+    assert tables.to_config("forward", one).weight_read == "early"      # rows within the noise
+    cols = tune.find_entry(after, "forward", 5120, "plain")
+    cfg = tables.to_config("forward", cols)
+    assert (cfg.weight_read, cfg.hold_tiles) == ("rows", True)
+    for e, own in ((one, "early"), (cols, "late")):
+        assert sum(n.startswith(tune.WEIGHT_NOTE) for n in e["notes"]) == 1
+        assert e["notes"][-1].startswith(f"{tune.WEIGHT_NOTE}{'early' if own == 'early' else 'rows held'} (was {own};")

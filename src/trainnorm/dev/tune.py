@@ -829,19 +829,24 @@ def choose_rows(res: dict, own: int) -> tuple:
     return tuple(windows)
 
 
-def tune_rows(run: Run, widths) -> None:
+def forward_entries(table: dict, widths):
+    """(hidden, kind, entry) of the table's plain and float32-weight forward entries at widths."""
     for hidden in widths:
         for kind in ("plain", "weight_fp32"):
-            entry = find_entry(run.table, "forward", hidden, kind)
-            if entry is None:
-                continue
-            res, differ = sweep_rows(run, hidden, kind)
-            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
-            note = write_rows_entry(run.table, entry, res, differ, gpu)
-            run.raw[f"{kind} {hidden}"] = {"times": {str(t): {str(k): v for k, v in r.items()} for t, r in res.items()},
-                                           "differ": differ, "gpu": gpu}
-            run.log(f"{kind} H{hidden}: {note}")
-            run.save("sweep-rows.json")
+            entry = find_entry(table, "forward", hidden, kind)
+            if entry is not None:
+                yield hidden, kind, entry
+
+
+def tune_rows(run: Run, widths) -> None:
+    for hidden, kind, entry in forward_entries(run.table, widths):
+        res, differ = sweep_rows(run, hidden, kind)
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
+        note = write_rows_entry(run.table, entry, res, differ, gpu)
+        run.raw[f"{kind} {hidden}"] = {"times": {str(t): {str(k): v for k, v in r.items()} for t, r in res.items()},
+                                       "differ": differ, "gpu": gpu}
+        run.log(f"{kind} H{hidden}: {note}")
+        run.save("sweep-rows.json")
 
 
 def write_rows_entry(table: dict, entry: dict, res: dict, differ, gpu: str) -> str:
@@ -928,31 +933,27 @@ def choose_weight(res: dict, own: str) -> tuple[str, dict]:
 
 
 def tune_weight(run: Run, widths) -> None:
-    for hidden in widths:
-        for kind in ("plain", "weight_fp32"):
-            entry = find_entry(run.table, "forward", hidden, kind)
-            if entry is None:
-                continue
-            cfg = tables.to_config("forward", entry)
-            if cfg.tma_stages:
-                run.log(f"{kind} H{hidden}: descriptor loads read the weight once per program; not swept")
-                continue
-            res, differ = sweep_weight(run, hidden, kind)
-            own = _weight_name(cfg, hidden)
-            best, score = choose_weight(res, own)
-            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
-            times = "; ".join(f"T{t} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for t, r in sorted(res.items()))
-            note = (f"{WEIGHT_NOTE}{best} (was {own}; geomean over the best per T: "
-                    + ", ".join(f"{k} x{v:.3f}" for k, v in score.items())
-                    + f"; {gpu}, python -m trainnorm.dev.tune --sweep-weight, y / rstd / h bit-equal"
-                    + (f"; other bits: {', '.join(differ)}" if differ else "") + f"): {times} us")
-            chosen = weight_candidates(cfg, hidden)[best]
-            notes = [n for n in entry.get("notes", []) if not n.startswith(WEIGHT_NOTE)] + [note]
-            write_entry(run.table, "forward", hidden, kind, chosen, notes)
-            run.raw[f"{kind} {hidden}"] = {"times": {str(t): r for t, r in res.items()}, "differ": differ,
-                                           "chosen": best, "own": own, "gpu": gpu}
-            run.log(f"{kind} H{hidden}: {note}")
-            run.save("sweep-weight.json")
+    for hidden, kind, entry in forward_entries(run.table, widths):
+        cfg = tables.to_config("forward", entry)
+        if cfg.tma_stages:
+            run.log(f"{kind} H{hidden}: descriptor loads read the weight once per program; not swept")
+            continue
+        res, differ = sweep_weight(run, hidden, kind)
+        own = _weight_name(cfg, hidden)
+        best, score = choose_weight(res, own)
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
+        times = "; ".join(f"T{t} " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()) for t, r in sorted(res.items()))
+        note = (f"{WEIGHT_NOTE}{best} (was {own}; geomean over the best per T: "
+                + ", ".join(f"{k} x{v:.3f}" for k, v in score.items())
+                + f"; {gpu}, python -m trainnorm.dev.tune --sweep-weight, y / rstd / h bit-equal"
+                + (f"; other bits: {', '.join(differ)}" if differ else "") + f"): {times} us")
+        chosen = weight_candidates(cfg, hidden)[best]
+        notes = [n for n in entry.get("notes", []) if not n.startswith(WEIGHT_NOTE)] + [note]
+        write_entry(run.table, "forward", hidden, kind, chosen, notes)
+        run.raw[f"{kind} {hidden}"] = {"times": {str(t): r for t, r in res.items()}, "differ": differ,
+                                       "chosen": best, "own": own, "gpu": gpu}
+        run.log(f"{kind} H{hidden}: {note}")
+        run.save("sweep-weight.json")
 
 
 # --- the analytical defaults (--probe-defaults) -------------------------------------------------
