@@ -590,37 +590,6 @@ def test_direct_window(device):
     assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")
 
 
-@pytest.mark.parametrize("form,pieces,offset", [("direct", False, False), ("direct", True, True),
-                                                 ("col_slices", False, True), ("col_slices", True, False)])
-def test_small_weight_rows(device, form, pieces, offset):
-    # one chunk and the column-slice form's row programs with the weight read beside each row
-    # tile (small_weight_rows): the same dx, dh and dw bits as the weight read before the row
-    # loop, a float32 weight, (1 + w) and a residual among them; the chunked form ignores it
-    hidden, rows = 96, 21
-    b1, b2 = configs.row_pieces(hidden) if pieces else (128, 0)
-    base = bwd_config(hidden, torch.bfloat16).replace(block_m=4, block_n=b1, block_n2=b2, min_rows_per_chunk=4,
-                                                      max_chunks=8, tma_stages=0, prefetch=False, dw_2d=False,
-                                                      direct_prefetch=None, direct_tma_stages=None,
-                                                      direct_max_rows=rows if form == "direct" else 0,
-                                                      slices_max_rows=rows if form == "col_slices" else 0)
-    case = make_case("outlier", (rows,), hidden, residual=True, weight_dtype=torch.float32, seed=7, device=device)
-    w_off = 1.0 if offset else 0.0
-    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual, weight_offset=w_off)
-    dh = torch.randn_like(h)
-    outs = {}
-    for wr in (False, True):
-        cfg = base.replace(small_weight_rows=wr)
-        with configs.override(backward=cfg):
-            p = bwd_plan(rows, hidden)
-            assert p.dw is {"direct": DwForm.DIRECT, "col_slices": DwForm.COL_SLICES}[form] and p.weight_rows == wr
-            assert not bwd_plan(4 * rows, hidden).weight_rows
-            outs[wr] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=dh, weight_offset=w_off)
-    for a, b, n in zip(outs[False], outs[True], ("dx", "dw")):
-        assert_bits_equal(a, b, f"{n}, weight beside the rows ({form})")
-    if not offset:
-        check_backward(case.dy, h, case.weight, rstd, dh, *outs[True])
-
-
 COLS_CASES = {   # name: (lead, hidden, make_case kwargs, config overrides)
     "plain": ((37,), 96, {}, {}),
     "residual fp32 weight": ((37,), 96, {"residual": True, "weight_dtype": torch.float32}, {}),

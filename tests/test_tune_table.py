@@ -219,8 +219,6 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert notes[0].startswith("bm16 w4 c2 max132: T4 1.0 us") and notes[1].startswith("det/atomic us: T4 1.0/2.0")
     assert notes[2].startswith("small-T windows, one-chunk loads and slice tile kept from the previous entry")
     assert notes[3:] == [n for n in small["notes"] if n.startswith("table/")]
-    # the weight beside the rows ran slower (the stub's second name): the read before the loop stays
-    assert not bwd.small_weight_rows and notes[-1].startswith(tune.SMALL_WEIGHT_NOTE)
     assert notes[3].startswith("table/one-chunk plain us (the table: the faster of it and cols16x64): T1 7.00/2.00")
     # the forward sweep: bm4 w2, the first candidate, for the plain and the float32-weight entry
     first = FwdConfig.from_fields(block_m=4, block_n=64, num_warps=2)
@@ -239,8 +237,7 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     fwd_cands = list(tune.fwd_sweep_candidates(64))
     assert any(c.tma_stages for c in fwd_cands)      # the descriptor forms ran too
     n_bwd = 2 * (2 * 2 + 2)    # twice: (dw_2d off, on) x the two schedules at T 4, then det / atomic
-    # and the entry then chosen, with the weight read before the row loop and beside the rows
-    n_small = 2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_SLICES) + 2)
+    n_small = 2 * (1 + len(tune.SMALL_LOADS) + len(tune.SMALL_SLICES))
     assert len(calls) == n_bwd + n_small + 2 * 2 * len(fwd_cands)
     assert calls.count("table") == 2 and "cols16x128" in calls
     assert (tmp_path / "sweep-bwd.json").exists() and (tmp_path / "sweep-fwd.json").exists()
@@ -334,27 +331,6 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
             configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields())
         assert got["configs"]["plain tile"] == _as_stored(configs.forward_config(configs.forward_key(hidden, 2)).fields())
     assert not (tmp_path / "sm_90.json").exists()
-
-
-def test_small_weight_rows_choice():
-    # the weight beside the rows is chosen on the counts where the one-chunk or column-slice
-    # form runs (H 5120: T1 one chunk, T2-256 column slices, T512 chunked): faster there by
-    # more than SMALL_WEIGHT_NOISE, whatever T512 reads (the same launch either way)
-    table = copy.deepcopy(tables.load("sm_90"))
-    entry = tune.find_entry(table, "backward", 5120, "plain")
-    assert entry["windows"]["slices_max_rows"] == 256
-    res = {t: {"before": 6.0, "rows": 5.5} for t in tune.SMALL_T}
-    res[512] = {"before": 10.0, "rows": 30.0}
-    assert tune.write_small_weight(table, 5120, res, log=lambda s: None)
-    after = tune.find_entry(table, "backward", 5120, "plain")
-    assert tables.to_config("backward", after).small_weight_rows
-    assert after["notes"][-1].startswith(tune.SMALL_WEIGHT_NOTE + " (before the loop/beside the rows, x0.917 over T 1-256)")
-    # within the noise: not chosen, and the note replaces the earlier one
-    res = {t: {"before": 6.0, "rows": 5.97} for t in tune.SMALL_T}
-    assert not tune.write_small_weight(table, 5120, res, log=lambda s: None)
-    after = tune.find_entry(table, "backward", 5120, "plain")
-    assert not tables.to_config("backward", after).small_weight_rows
-    assert sum(n.startswith(tune.SMALL_WEIGHT_NOTE) for n in after["notes"]) == 1
 
 
 def test_sweep_weight_end_to_end(tmp_path, monkeypatch, device):

@@ -175,12 +175,12 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             bwd_col_slices_kernel[grid](*tensors, dw, desc_dy, desc_h, *sizes, row_programs, slice_start,
                                         BLOCK_N2=cfg.block_n2,
                                         COL_TILES=plan.col_tiles, DW_BM=cfg.slice_block_m, DW_BN=cfg.slice_block_n,
-                                        DW_STAGES=cfg.slice_stages or None, WEIGHT_ROWS=plan.weight_rows,
+                                        DW_STAGES=cfg.slice_stages or None,
                                         **loads, **common)
         elif plan.col_tiles == 1:
             bwd_one_tile_kernel[grid](*tensors, dw if need_dw else None, partial, counter, desc_dy, desc_h, *sizes,
-                                      BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d,
-                                      WEIGHT_ROWS=plan.weight_rows, **loads, **common)
+                                      BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d, **loads,
+                                      **common)
         else:
             bwd_col_tiles_kernel[grid](*tensors, partial, *sizes, COL_TILES=plan.col_tiles, **common)
         if plan.dw is DwForm.PARTIAL:

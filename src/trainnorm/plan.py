@@ -112,7 +112,7 @@ def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False) -> str:
         return "rows" if cfg.weight_read == "rows" and col_tiles <= FWD_COL_UNROLL_MAX else "late"
     if cfg.weight_read:
         return cfg.weight_read
-    return "early" if not gated and cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps else "late"
+    return "early" if cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps else "late"
 
 
 # Plans are looked up on every call: cached, except inside configs.override(...)
@@ -149,13 +149,6 @@ class BackwardPlan:
         if self.col_tiles != 1:
             return False, 0
         return self.cfg.schedule.loads(self.num_chunks == 1)
-
-    @property
-    def weight_rows(self) -> bool:
-        """Rows that fit one tile, in one chunk or beside column slices, read the weight beside
-        each row tile (configs.BwdSchedule.small_weight_rows)."""
-        return (self.col_tiles == 1 and self.cfg.small_weight_rows
-                and (self.num_chunks == 1 or self.dw is DwForm.COL_SLICES))
 
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:

@@ -264,11 +264,6 @@ class BwdSchedule:
     # the one-chunk form's own loads; None: the fields above
     direct_prefetch: bool | None = None
     direct_tma_stages: int | None = None
-    # the one-chunk and column-slice forms (rows that fit one tile) read the weight beside
-    # each row tile's loads (both in flight together) rather than once before the row loop,
-    # where its float32 conversion makes the first rows' loads wait for it (the forward's
-    # weight_read "rows"). Timing only: the same products
-    small_weight_rows: bool = False
     # plain loads (no tensor descriptors): the row loop software-pipelined this
     # many stages by the compiler (num_stages); 0: not pipelined
     loop_stages: int = 0
@@ -442,7 +437,7 @@ def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
     return BwdConfig(replace(cfg.tile, num_warps=min(16, 2 * cfg.tile.num_warps), slice_block_m=16,
                              slice_block_n=128),
                      BwdWindows(atomic_min_rows=cfg.windows.atomic_min_rows),
-                     replace(cfg.schedule, direct_prefetch=None, direct_tma_stages=None, small_weight_rows=False))
+                     replace(cfg.schedule, direct_prefetch=None, direct_tma_stages=None))
 
 
 # --- lookup ------------------------------------------------------------------------------------

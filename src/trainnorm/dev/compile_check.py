@@ -263,12 +263,10 @@ def exercise_fwd_tiles(widths=None, limit=None):
 
 
 def exercise_weight(widths=None):
-    """The forward entries with each weight read (and hold) trainnorm.dev.tune --sweep-weight
-    times, and the backward's one-chunk and column-slice forms with the weight read beside
-    the rows (small_weight_rows, --sweep-small)."""
+    """The forward entries with each weight read (and hold) trainnorm.dev.tune --sweep-weight times."""
     import trainnorm
     from trainnorm import configs
-    from trainnorm.dev.tune import FWD_WIDTHS, SMALL_WIDTHS, weight_candidates
+    from trainnorm.dev.tune import FWD_WIDTHS, weight_candidates
     for hidden in FWD_WIDTHS if widths is None else widths:
         for wdt in (torch.bfloat16, torch.float32):
             x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, wdt)
@@ -277,14 +275,6 @@ def exercise_weight(widths=None):
                 with configs.override(forward=cfg):
                     for res in (None, r):
                         trainnorm.rms_norm_forward(x, w, residual=res)
-    for hidden in SMALL_WIDTHS if widths is None else widths:
-        x, r, dy, dh, w = _case((300,), hidden, torch.bfloat16, torch.bfloat16)
-        rstd = torch.empty((300,), dtype=torch.float32)
-        with configs.override(backward=lambda key, cfg: cfg.replace(small_weight_rows=True)):
-            for rows in (1, 32):
-                for win in (dict(direct_max_rows=rows, slices_max_rows=0), dict(direct_max_rows=0, slices_max_rows=32)):
-                    with configs.override(backward=lambda key, cfg, win=win: cfg.replace(small_weight_rows=True, **win)):
-                        trainnorm.rms_norm_backward(dy[:rows], x[:rows], w, rstd[:rows])
 
 
 def exercise_pieces(widths=(1536, 5120, 6144, 1000), limit=None):

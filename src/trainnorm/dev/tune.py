@@ -31,9 +31,7 @@ the SiLU-gated backward (gate after the norm) at the gated bench widths
 --sweep-small times, at T 1-512, the backward entry's chunked form against
 one chunk (each load form) and against the column-slice dw form (each slice
 tile): the one-chunk window, then the column-slice window past it, written
-into the entry's windows, schedule and slice tile; then the entry so chosen
-with the weight read before the row loop and beside each row tile
-(small_weight_rows).
+into the entry's windows, schedule and slice tile.
 
 --sweep-fwd times every forward tile at T 1-65536 (plain loads, tensor
 descriptors, rows walked in narrower tiles) and writes the "plain" entries
@@ -101,7 +99,6 @@ from trainnorm.configs import BwdConfig, FwdConfig, Key, cdiv, next_pow2, row_pi
 from trainnorm.configs import table as tables
 from trainnorm import plan as plan_mod
 from trainnorm.families import make_case
-from trainnorm.variant import Variant
 
 ELT = 2                       # the sweeps time bf16 activations (fp16 shares the entries)
 NEVER = 1 << 40               # atomic_min_rows of a width whose atomic form never paid
@@ -444,7 +441,7 @@ def slices_name(bm, bn, split=False, stages=0) -> str:
 def small_base(table: dict, hidden: int) -> BwdConfig:
     """The entry's chunked form alone: its windows closed, its one-chunk loads unset."""
     return config_in(table, "backward", hidden, "plain").replace(
-        direct_max_rows=0, slices_max_rows=0, direct_prefetch=None, direct_tma_stages=None, small_weight_rows=False)
+        direct_max_rows=0, slices_max_rows=0, direct_prefetch=None, direct_tma_stages=None)
 
 
 def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
@@ -549,56 +546,7 @@ def tune_small(run: Run, widths) -> None:
         res = sweep_small(run, hidden, small_base(run.table, hidden))
         run.raw[str(hidden)] = {"times": {str(t): v for t, v in res.items()}}
         run.raw[str(hidden)].update(write_small_entry(run.table, hidden, res, run.log))
-        wres = sweep_small_weight(run, hidden, config_in(run.table, "backward", hidden, "plain"))
-        run.raw[str(hidden)]["weight rows"] = {str(t): v for t, v in wres.items()}
-        run.raw[str(hidden)]["small_weight_rows"] = write_small_weight(run.table, hidden, wres, run.log)
         run.save("sweep-small.json")
-
-
-# the weight read beside each row tile replaces the read before the row loop only where its
-# geomean over SMALL_T is lower by more than this (replays of a few us: SMALL_NOISE per point)
-SMALL_WEIGHT_NOISE = 0.01
-SMALL_WEIGHT_NOTE = "table/weight rows us"
-
-
-def sweep_small_weight(run: Run, hidden: int, cfg: BwdConfig) -> dict:
-    """{T: {"before": us, "rows": us}}: the entry with its windows as chosen, the weight read
-    before the row loop and beside each row tile (small_weight_rows), interleaved per T."""
-    res = {}
-    for tokens in SMALL_T:
-        x, w, dy, rstd, _ = _inputs(hidden, tokens, run.device)
-        fns = {name: (lambda c=cfg.replace(small_weight_rows=wr), x=x, w=w, dy=dy, rstd=rstd:
-                      _bwd_with(c, hidden, dy, x, w, rstd, None, True))
-               for name, wr in (("before", False), ("rows", True))}
-        res[tokens] = time_fns(fns, run.flush, passes=3, samples=8)
-        run.log(f"  H{hidden} T{tokens} weight: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
-    return res
-
-
-def write_small_weight(table: dict, hidden: int, res: dict, log=print) -> bool:
-    """Put the entry of `hidden` with small_weight_rows chosen from res (sweep_small_weight) and
-    its note into table; the choice. Only the counts where the one-chunk or column-slice form
-    runs weigh (plan.BackwardPlan.weight_rows): elsewhere both are the same launch."""
-    entry = find_entry(table, "backward", hidden, "plain")
-    cfg = tables.to_config("backward", entry)
-    on = cfg.replace(small_weight_rows=True)
-    toks = [t for t in sorted(res) if _weight_rows_at(on, hidden, t)]
-    if not toks:
-        return False
-    geo = _geo(res[t]["rows"] / res[t]["before"] for t in toks)
-    chosen = geo < 1 - SMALL_WEIGHT_NOISE
-    note = (f"{SMALL_WEIGHT_NOTE} (before the loop/beside the rows, x{geo:.3f} over T {toks[0]}-{toks[-1]}): "
-            + ", ".join(f"T{t} {res[t]['before']:.2f}/{res[t]['rows']:.2f}" for t in sorted(res)))
-    log(f"H{hidden}: small_weight_rows {chosen} | {note}")
-    notes = [n for n in entry.get("notes", []) if not n.startswith(SMALL_WEIGHT_NOTE)] + [note]
-    write_entry(table, "backward", hidden, "plain", cfg.replace(small_weight_rows=chosen), notes)
-    return chosen
-
-
-def _weight_rows_at(cfg: BwdConfig, hidden: int, rows: int) -> bool:
-    """Whether a launch over `rows` rows with cfg reads the weight beside its row tiles."""
-    with configs.override(backward=only(hidden, "plain", cfg)):
-        return plan_mod.backward_plan(rows, hidden, torch.bfloat16, Variant(), True, True).weight_rows
 
 
 def write_small_entry(table: dict, hidden: int, res: dict, log=print) -> dict:

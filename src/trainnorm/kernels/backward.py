@@ -43,10 +43,6 @@ The forms (plan.py picks one; its DwForm names how dw is delivered):
   held as two pieces, BLOCK_N columns and then BLOCK_N2 (plain loads; 5120 =
   4096 + 1024 holds no masked column where one tile would hold 8192): c is
   the sum of the two pieces' sums, and each piece keeps its own dw sum.
-  The weight is read once before the chunk loop, or with WEIGHT_ROWS (one
-  chunk, and the row programs of the column-slice form) beside each row
-  tile's loads: before the loop its float32 conversion made the first rows'
-  loads wait for it. The same products either way.
 - `bwd_col_tiles_kernel`: rows too wide for one tile, walked in COL_TILES
   column tiles twice (c, then dx); the chunk's partial is accumulated in
   place in PARTIAL. DW_FORM "none" or "partial".
@@ -68,7 +64,7 @@ batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, load_weight, negated, round_to, row_dot, row_offsets, weight_values
+from .common import INTERPRETED, load_weight, negated, round_to, row_dot, row_offsets
 from .gate import gate_activation, load_gate
 
 
@@ -184,11 +180,10 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
                 n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr,
                 GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, LOADS: tl.constexpr,
-                STAGES: tl.constexpr, DW_2D: tl.constexpr, WEIGHT_ROWS: tl.constexpr, W_OFFSET: tl.constexpr):
+                STAGES: tl.constexpr, DW_2D: tl.constexpr):
     """One chunk of rows that fit one tile: dx (dz) stored, dw's terms added to
     b_dw (or, with DW_2D, to b_dw2 per tile position; the second piece's to
-    b_dwb) with NEED_DW. The weight is b_w (b_w2), or with WEIGHT_ROWS read beside
-    each row tile's loads and converted after them."""
+    b_dwb) with NEED_DW."""
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
     m_n = o_n < n_cols
@@ -204,11 +199,6 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
         o_m = m0 + o_mb
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
-        if WEIGHT_ROWS and W is not None:
-            r_w = tl.load(W + o_n, mask=m_n, other=0.0)
-            r_w2 = r_w
-            if BLOCK_N2 > 0:
-                r_w2 = tl.load(W + o_n2, mask=m_n2, other=0.0)
         if LOADS == "tma":
             # bulk tensor copies into shared memory, STAGES tiles in flight (the
             # compiler's software pipeline); rows and columns past the tensor read as zero
@@ -232,25 +222,17 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
                                                     stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                     stride_zt, stride_zh, TWO_LEVEL)
         b_rstd = r_rstd
-        if WEIGHT_ROWS and W is not None:
-            b_wt = weight_values(r_w, W_OFFSET)
-            b_wt2 = b_wt
-            if BLOCK_N2 > 0:
-                b_wt2 = weight_values(r_w2, W_OFFSET)
-        else:
-            b_wt = b_w
-            b_wt2 = b_w2
-        b_h, b_dy, b_a, b_da, b_xhat, b_g = _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_wt, GATE, GATE_FIRST)
+        b_h, b_dy, b_a, b_da, b_xhat, b_g = _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE, GATE_FIRST)
         b_s = row_dot(b_g, b_xhat)
         if BLOCK_N2 > 0:
             # the row's second piece (plain loads): its sum joins the first piece's
             mask2 = m_m[:, None] & m_n2[None, :]
             q_h, q_dy, _, q_z = _load_row_tile(HX, DY, Z, RSTD, o_m, row_end, o_n2, m_n2, NH, stride_ht, stride_hh,
                                                stride_dyt, stride_dyh, stride_zt, stride_zh, TWO_LEVEL)
-            q_h, q_dy, q_a, q_da, q_xhat, q_g = _tile_terms(q_h, q_dy, q_z, b_rstd, W, b_wt2, GATE, GATE_FIRST)
+            q_h, q_dy, q_a, q_da, q_xhat, q_g = _tile_terms(q_h, q_dy, q_z, b_rstd, W, b_w2, GATE, GATE_FIRST)
             b_s += row_dot(q_g, q_xhat)
         b_c = b_s / n_cols
-        _store_input_grads(b_h, b_dy, b_rstd, W, b_wt, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_n, mask,
+        _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_n, mask,
                            n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
         if NEED_DW:
             if DW_2D:
@@ -258,7 +240,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
             else:
                 b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
         if BLOCK_N2 > 0:
-            _store_input_grads(q_h, q_dy, b_rstd, W, b_wt2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DR, DZ, o_m, o_n2,
+            _store_input_grads(q_h, q_dy, b_rstd, W, b_w2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DR, DZ, o_m, o_n2,
                                mask2, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
             if NEED_DW:
                 b_dwb += tl.sum(_dw_terms(q_dy, q_h, b_rstd, q_a, GATE, wide), axis=0)
@@ -334,18 +316,12 @@ def bwd_one_tile_kernel(
     LOADS: tl.constexpr,
     STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
-    WEIGHT_ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
-    if WEIGHT_ROWS:
-        # read beside each row tile (_chunk_rows): placeholders here
-        b_w = tl.zeros([1, 1], dtype=tl.float32)
-        b_w2 = b_w
-    else:
-        b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
-        b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
+    b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
+    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
     b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
     if BLOCK_N2 > 0:
         b_dwb = tl.zeros([BLOCK_N2], dtype=tl.float64)
@@ -362,7 +338,7 @@ def bwd_one_tile_kernel(
                                          b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
                                          stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
                                          BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
-                                         DW_2D, WEIGHT_ROWS, W_OFFSET)
+                                         DW_2D)
         if DW_2D and DW_FORM != "atomic":
             b_dw = tl.sum(b_dw2, axis=0)
             b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
@@ -495,7 +471,6 @@ def bwd_col_slices_kernel(
     DW_BM: tl.constexpr,
     DW_BN: tl.constexpr,
     DW_STAGES: tl.constexpr,
-    WEIGHT_ROWS: tl.constexpr,
 ):
     """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
     grid) the column slices: slice_start 0 gives every program both roles, one
@@ -505,10 +480,7 @@ def bwd_col_slices_kernel(
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if pid < row_programs:
-        if COL_TILES == 1 and WEIGHT_ROWS:
-            b_w = tl.zeros([1, 1], dtype=tl.float32)     # read beside each row tile (_chunk_rows)
-            b_w2 = b_w
-        elif COL_TILES == 1:
+        if COL_TILES == 1:
             b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
             b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
         b_none = tl.zeros([1, 1], dtype=tl.float64)
@@ -519,7 +491,7 @@ def bwd_col_slices_kernel(
                 _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_none, b_none, b_none,
                             row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt,
                             stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE,
-                            GATE_FIRST, False, LOADS, STAGES, False, WEIGHT_ROWS, W_OFFSET)
+                            GATE_FIRST, False, LOADS, STAGES, False)
             else:
                 _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, None, row_start, row_end, n_cols, NH,
                                  stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
