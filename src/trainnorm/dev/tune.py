@@ -731,33 +731,39 @@ def rows_candidates(cfg: FwdConfig, hidden: int, elt: int = ELT) -> list[int]:
     return out
 
 
-def sweep_rows(run: Run, hidden: int, kind: str) -> tuple[dict, list[int]]:
-    """({T: {block_m: us}}, variants with other bits): the entry's tile with each row count
-    of rows_candidates, interleaved per T (ROWS_T); a variant whose y or rstd differ from
-    the tile's in one bit on outlier rows (ROWS_BITS_T; a residual too) is not timed."""
-    cfg = config_in(run.table, "forward", hidden, kind)
+def time_forward_variants(run: Run, hidden: int, kind: str, ref: FwdConfig, cands: dict, label=str):
+    """({T: {key: us}}, keys with other bits): each candidate config of cands ({key: config})
+    whose y, rstd and h are ref's to the bit on outlier rows (ROWS_BITS_T, with and without a
+    residual), timed interleaved per T (ROWS_T); the others are logged and not timed."""
     w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
     case = make_case("outlier", (ROWS_BITS_T,), hidden, weight_dtype=w_dt, residual=True, seed=1234,
                      device=run.device)
-    x, w, r = case.x, case.weight, case.residual
-    own = cfg.tile.block_m
-    ref = [_fwd_with(cfg.replace(rows_block_m=()), hidden, x, w, kind, rr) for rr in (None, r)]
-    bms, differ = [], []
-    for bm in rows_candidates(cfg, hidden):
-        outs = [_fwd_with(cfg.replace(block_m=bm, rows_block_m=()), hidden, x, w, kind, rr) for rr in (None, r)]
-        same = all(torch.equal(a, b) for o, q in zip(outs, ref) for a, b in zip(o, q))
-        (bms if same else differ).append(bm)
-        if not same:
-            run.log(f"  {kind} H{hidden} bm{bm}: y / rstd / h differ from bm{own}'s bits; not timed")
+    base = [_fwd_with(ref, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
+    kept, differ = {}, []
+    for key, c in cands.items():
+        outs = [_fwd_with(c, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
+        if all(torch.equal(a, b) for o, q in zip(outs, base) for a, b in zip(o, q) if a is not None):
+            kept[key] = c
+        else:
+            differ.append(key)
+            run.log(f"  {kind} H{hidden} {label(key)}: y / rstd / h differ from the entry's bits; not timed")
     res = {}
     for tokens in ROWS_T:
         x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
         w = torch.randn(hidden, device=run.device).to(w_dt)
-        fns = {bm: (lambda c=cfg.replace(block_m=bm, rows_block_m=()), x=x, w=w: _fwd_with(c, hidden, x, w, kind))
-               for bm in bms}
+        fns = {key: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind)) for key, c in kept.items()}
         res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
-        run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"bm{k} {v:.2f}" for k, v in res[tokens].items()))
+        run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"{label(k)} {v:.2f}" for k, v in res[tokens].items()))
     return res, differ
+
+
+def sweep_rows(run: Run, hidden: int, kind: str) -> tuple[dict, list[int]]:
+    """({T: {block_m: us}}, variants with other bits): the entry's tile with each row count
+    of rows_candidates (time_forward_variants against the tile's own count)."""
+    cfg = config_in(run.table, "forward", hidden, kind).replace(rows_block_m=())
+    return time_forward_variants(run, hidden, kind, cfg, {bm: cfg.replace(block_m=bm)
+                                                           for bm in rows_candidates(cfg, hidden)},
+                                 label=lambda bm: f"bm{bm}")
 
 
 def choose_rows(res: dict, own: int) -> tuple:
@@ -843,30 +849,10 @@ def _weight_name(cfg: FwdConfig, hidden: int) -> str:
 
 def sweep_weight(run: Run, hidden: int, kind: str) -> tuple[dict, list[str]]:
     """({T: {name: us}}, variants with other bits): the entry's config with each weight read
-    (weight_candidates), interleaved per T (ROWS_T); a variant whose y, rstd or h differ in
-    one bit from the entry's on outlier rows (ROWS_BITS_T, with and without a residual) is
-    not timed (the read moves no addition: that would be a broken form)."""
+    (weight_candidates; time_forward_variants against the entry: the read moves no addition,
+    so other bits would be a broken form)."""
     cfg = config_in(run.table, "forward", hidden, kind)
-    w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
-    case = make_case("outlier", (ROWS_BITS_T,), hidden, weight_dtype=w_dt, residual=True, seed=1234,
-                     device=run.device)
-    ref = [_fwd_with(cfg, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
-    cands, differ = {}, []
-    for name, c in weight_candidates(cfg, hidden).items():
-        outs = [_fwd_with(c, hidden, case.x, case.weight, kind, rr) for rr in (None, case.residual)]
-        if all(torch.equal(a, b) for o, q in zip(outs, ref) for a, b in zip(o, q) if a is not None):
-            cands[name] = c
-        else:
-            differ.append(name)
-            run.log(f"  {kind} H{hidden} {name}: y / rstd / h differ from the entry's bits; not timed")
-    res = {}
-    for tokens in ROWS_T:
-        x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
-        w = torch.randn(hidden, device=run.device).to(w_dt)
-        fns = {n: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind)) for n, c in cands.items()}
-        res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
-        run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
-    return res, differ
+    return time_forward_variants(run, hidden, kind, cfg, weight_candidates(cfg, hidden))
 
 
 def choose_weight(res: dict, own: str) -> tuple[str, dict]:
