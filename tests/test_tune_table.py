@@ -368,3 +368,47 @@ def test_sweep_weight_end_to_end(tmp_path, monkeypatch, device):
     for e, own in ((one, "early"), (cols, "late")):
         assert sum(n.startswith(tune.WEIGHT_NOTE) for n in e["notes"]) == 1
         assert e["notes"][-1].startswith(f"{tune.WEIGHT_NOTE}{'early' if own == 'early' else 'rows held'} (was {own};")
+
+
+def test_sweep_pairwise_end_to_end(tmp_path, monkeypatch, device):
+    # --sweep-pairwise on two one-tile entries (H 512 bm2 w2, H 2048 bm1 w4) and a column-tile
+    # one (H 5120: not swept): the warps' bits are compared, each timed beside the entry as it
+    # is; an entry takes the pairwise sums with warps windows where they win (H 2048: w8 at
+    # T 1, the tile's w4 past it), and keeps its own sum where they lose at some T (H 512)
+    times = {512: {1: {"entry": 1.0, 2: 0.9, 4: 0.8, 8: 0.9}, 4: {"entry": 1.0, 2: 1.1, 4: 1.2, 8: 1.2}},
+             2048: {1: {"entry": 1.0, 4: 0.99, 8: 0.8, 16: 0.9}, 4: {"entry": 1.0, 4: 1.0, 8: 1.1, 16: 1.3}}}
+    seen = []
+
+    def timer(fns, flush, **kw):
+        hidden = fns["entry"]()[0].shape[-1]
+        tokens = (1, 4)[len(seen) % 2]          # ROWS_T below, per entry
+        seen.append((hidden, sorted(map(str, fns))))
+        for fn in fns.values():
+            fn()
+        return {n: times[hidden][tokens][n] for n in fns}
+    monkeypatch.setattr(tune, "time_fns", timer)
+    monkeypatch.setattr(tune, "ROWS_T", (1, 4))
+    monkeypatch.setattr(tune, "ROWS_BITS_T", 24)
+    path = str(tmp_path / "sm_90.json")
+    table = tune.start_table(path, "sm_90")
+    for hidden, cfg in ((512, dict(block_m=2, num_warps=2, rows_block_m=(), tma_stages=0)),
+                        (2048, dict(block_m=1, num_warps=4, rows_block_m=(), tma_stages=0)),
+                        (5120, dict(block_n=2048, tma_stages=0))):
+        entry = tune.find_entry(table, "forward", hidden, "plain")
+        tune.write_entry(table, "forward", hidden, "plain", tables.to_config("forward", entry).replace(**cfg),
+                         entry["notes"])
+    run = tune.Run(table=table, table_path=path, out=str(tmp_path), device=device, log=lambda s: None)
+    tune.tune_pairwise(run, [512, 2048, 5120])
+    assert [h for h, _ in seen] == [512, 512, 2048, 2048]
+    assert seen[0][1] == ["2", "4", "8", "entry"] and seen[2][1] == ["16", "4", "8", "entry"]
+    after = _reread(path)
+    kept = tables.to_config("forward", tune.find_entry(after, "forward", 512, "plain"))
+    assert not kept.pairwise and kept.rows_warps == ()
+    taken = tables.to_config("forward", tune.find_entry(after, "forward", 2048, "plain"))
+    assert taken.pairwise and taken.rows_warps == ((1, 8),) and taken.num_warps == 4
+    for h, word in ((512, "not taken"), (2048, "taken")):
+        notes = tune.find_entry(after, "forward", h, "plain")["notes"]
+        assert sum(n.startswith(tune.PAIRWISE_NOTE) for n in notes) == 1
+        assert notes[-1].startswith(f"{tune.PAIRWISE_NOTE}{word},")
+    cols = tune.find_entry(after, "forward", 5120, "plain")
+    assert not any(n.startswith(tune.PAIRWISE_NOTE) for n in cols["notes"])
