@@ -67,36 +67,3 @@ def test_narrow_planned_forms_sum_rows_alike():
                           "128,256,1000"], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the same at every T and in both modes" in res.stdout
-
-
-PAIRWISE_ROWS_CHECK = """
-import dataclasses
-from triton.backends.compiler import GPUTarget
-from trainnorm import configs
-from trainnorm.dev.compile_check import check_forward_rows
-target = GPUTarget("cuda", 90, 32)
-cfg = configs.FwdConfig(configs.FwdTile(1, 2048, 4, pairwise=True),
-                        configs.FwdSchedule(rows_block_m=((1, 1), (64, 2)), rows_warps=((1, 16), (64, 8))))
-print("pairwise", len(check_forward_rows(target, [(2048, "plain", cfg)])))
-# the same windows over Triton's own sum (which the config refuses): the warps split the row
-lanes = dataclasses.replace(cfg.tile, pairwise=True)
-object.__setattr__(lanes, "pairwise", False)
-bad = configs.FwdConfig(lanes, configs.FwdSchedule(rows_block_m=cfg.rows_block_m))
-object.__setattr__(bad.schedule, "rows_warps", cfg.rows_warps)
-object.__setattr__(bad, "rows_warps", cfg.rows_warps)
-print("lanes", len(check_forward_rows(target, [(2048, "plain", bad)])))
-"""
-
-
-def test_pairwise_row_sums_take_any_warps():
-    # a tile whose warps follow the row count (16, 8, then 4) with pairwise row sums
-    # (kernels.common.pair_sums), compiled for sm_90: every form sums a row in one order;
-    # the same windows over Triton's own sum split the row otherwise, and the check sees it
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", PAIRWISE_ROWS_CHECK], env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    lines = dict(line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["pairwise"], ["lanes"]))
-    assert lines["pairwise"] == "0", res.stdout
-    assert int(lines["lanes"]) > 0, res.stdout

@@ -5,7 +5,6 @@ through Triton's interpreter (conftest.py); on a GPU they run compiled.
 """
 import contextlib
 
-import numpy as np
 import pytest
 import torch
 
@@ -732,68 +731,6 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
         assert_close64(outs["rows"][0], y64, "y")
     with pytest.raises(ValueError, match="weight_read"):
         cfg.replace(weight_read="first")
-
-
-
-def pair_tree_sumsq(u: torch.Tensor, block_n: int, log_v: int) -> torch.Tensor:
-    """The sum of squares of each row of float32 u in kernels.common.pair_sums's order,
-    written out in torch: the row padded with zeros to block_n columns, each product rounded
-    alone, pairs of neighbours within groups of 2**log_v first, then halves of the row."""
-    p = torch.nn.functional.pad(u * u, (0, block_n - u.shape[-1]))
-    v = min(block_n, 1 << log_v)
-    p = p.reshape(-1, block_n // v, v)
-    while p.shape[-1] > 1:
-        p = p[..., 0::2] + p[..., 1::2]
-    p = p[..., 0]
-    while p.shape[-1] > 1:
-        half = p.shape[-1] // 2
-        p = p[:, :half] + p[:, half:]
-    return p[:, 0]
-
-
-@pytest.mark.parametrize("hidden,block_n,block_n2", [(100, 128, 0), (96, 64, 32), (8, 8, 0), (4, 4, 0)])
-@pytest.mark.parametrize("dtype,residual,gate", [(torch.bfloat16, False, None), (torch.float32, False, None),
-                                                 (torch.bfloat16, True, None), (torch.bfloat16, False, "after")])
-def test_forward_pairwise_row_sums(device, use_configs, hidden, block_n, block_n2, dtype, residual, gate):
-    # pairwise row sums (FwdTile.pairwise): rstd is pair_tree_sumsq's order to the bit (the
-    # interpreter; a GPU's division and root are not numpy's), y / rstd / h of every row the
-    # same bits whatever warps and rows per tile the row count takes (rows_warps, rows_block_m),
-    # and y within the budget of FP64
-    rows = 37
-    cfg = configs.FwdConfig(configs.FwdTile(2, block_n, 2, block_n2=block_n2, pairwise=True),
-                            configs.FwdSchedule(rows_block_m=((1, 1), (16, 4)), rows_warps=((1, 8), (16, 4))))
-    use_configs(forward=cfg)
-    case = make_case("outlier", (rows,), hidden, dtype=dtype, residual=residual, seed=hidden, device=device)
-    z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
-    variant = Variant(gate="silu" if gate else None)
-    fp = plan.forward_plan(hidden, dtype, case.weight.dtype, variant)
-    if not gate:
-        assert [(fp.block_m(t), fp.num_warps(t)) for t in (1, 16, rows)] == [(1, 8), (4, 4), (2, 2)]
-
-    def fwd(n):
-        if gate:
-            return trainnorm.rms_norm_gated_forward(case.x[:n], z[:n], case.weight, EPS)
-        return trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS,
-                                          residual=case.residual[:n] if residual else None)
-
-    whole = fwd(rows)
-    for n in (1, 16):
-        for a, b, name in zip(fwd(n), whole, ("y", "rstd", "h")):
-            if b.numel():
-                assert_bits_equal(a, b[:n], f"{name}, the first {n} rows against all {rows}")
-    if not gate:
-        h = whole[2] if residual else case.x
-        u = h.float()
-        ss = pair_tree_sumsq(u[:, :block_n], block_n, (16 // dtype.itemsize).bit_length() - 1)
-        if block_n2:
-            ss = ss + pair_tree_sumsq(u[:, block_n:], block_n2, (16 // dtype.itemsize).bit_length() - 1)
-        if device == "cpu":
-            # the kernel's float32 division, root and reciprocal, as numpy rounds them
-            ssn = ss.numpy()
-            want = np.float32(1.0) / np.sqrt(ssn / np.float32(hidden) + np.float32(EPS))
-            assert_bits_equal(whole[1], torch.from_numpy(want), "rstd against the pairwise order")
-        y64, _, _ = reference.forward_fp64(case.x, case.weight, EPS, case.residual, None, True)
-        assert_close64(whole[0], y64, "y")
 
 
 PIECES_CASES = {   # name: (lead, hidden, make_case kwargs, gate)

@@ -60,7 +60,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=plan.num_warps(rows), **FP_FUSION)
+                  num_warps=cfg.num_warps, **FP_FUSION)
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's
@@ -78,8 +78,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             fwd_one_tile_kernel[(grid,)](
                 xv, rv, zv, weight, y, h_out, rstd, desc_x, desc_r, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, BLOCK_N2=cfg.block_n2, TMA_STAGES=stages or None,
-                WEIGHT="early" if stages else plan.weight, PAIRWISE=cfg.pairwise,
-                LOG_V=(16 // x.element_size()).bit_length() - 1, **common)
+                WEIGHT="early" if stages else plan.weight, **common)
         else:
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,

@@ -88,18 +88,10 @@ class ForwardPlan:
         says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
         return self.cfg.tile_rows(rows)
 
-    def num_warps(self, rows: int) -> int:
-        """Warps over `rows` rows: the tile's, or more or fewer where the schedule says
-        (FwdSchedule.rows_warps, with pairwise row sums only: the bits never change)."""
-        return self.cfg.tile_warps(rows)
-
 
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
     cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))
     col_tiles = cfg.col_tiles(hidden)
-    if cfg.pairwise and col_tiles > 1:
-        raise ValueError(f"forward config for H {hidden}: pairwise row sums need rows that fit one tile "
-                         f"(block_n {cfg.block_n}{f' + {cfg.block_n2}' if cfg.block_n2 else ''})")
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
     return ForwardPlan(cfg, col_tiles, weight_read(cfg, col_tiles, gated), col_tiles if unrolled else 1,
                        unrolled and cfg.hold_tiles)

@@ -144,11 +144,6 @@ class FwdTile:
     # none). A row of 5120 is held as 4096 + 1024 columns, none masked, instead of one
     # tile of 8192 (kernels: BLOCK_N2)
     block_n2: int = 0
-    # a row's sum of squares as one fixed tree of pairs over the tile's columns
-    # (kernels.common.pair_sums; rows that fit one tile): its order follows no layout, so
-    # the warps may follow the row count (FwdSchedule.rows_warps). Changes y's and rstd's
-    # bits against Triton's sum over the layout (False)
-    pairwise: bool = False
 
     def __post_init__(self):
         _check_pieces(self)
@@ -158,20 +153,6 @@ class FwdTile:
 
 
 WEIGHT_READS = ("", "rows", "late", "early")
-
-
-def _windows(name: str, given) -> tuple:
-    """((max_rows, value), ...) of a schedule's by-row-count field, checked: rising max_rows,
-    values powers of two."""
-    try:
-        windows = tuple(tuple(int(v) for v in w) for w in given)
-    except (TypeError, ValueError):
-        windows = None
-    if windows is None or any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \
-            any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
-        raise ValueError(f"{name} must be (max_rows, value) pairs in rising max_rows with the value a power of "
-                         f"two, got {given!r}")
-    return windows
 
 
 @dataclass(frozen=True)
@@ -202,16 +183,16 @@ class FwdSchedule:
     # for it). "": plan.py's rule. Descriptor loads always read it once per program.
     # Timing only: the same products in the same order.
     weight_read: str = ""
-    # warps by row count, as rows_block_m: ((max_rows, num_warps), ...); only with the tile's
-    # pairwise row sums, whose bits no layout moves (FwdConfig checks). Timing only
-    rows_warps: tuple = ()
 
     def __post_init__(self):
         if self.weight_read not in WEIGHT_READS:
             raise ValueError(f"weight_read must be one of {WEIGHT_READS}, got {self.weight_read!r}")
-        for name in ("rows_block_m", "rows_warps"):
-            windows = _windows(name, getattr(self, name))
-            object.__setattr__(self, name, windows)
+        windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)
+        object.__setattr__(self, "rows_block_m", windows)
+        if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \
+                any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
+            raise ValueError(f"rows_block_m must be (max_rows, block_m) pairs in rising max_rows with block_m a "
+                             f"power of two, got {self.rows_block_m}")
 
 
 @dataclass(frozen=True)
@@ -223,9 +204,6 @@ class FwdConfig(_Parts):
         super().__post_init__()
         if self.tile.block_n2 and self.schedule.tma_stages:
             raise ValueError("a two-piece tile (block_n2) reads its rows with plain loads: no tensor descriptors")
-        if self.schedule.rows_warps and not self.tile.pairwise:
-            raise ValueError("rows_warps needs the tile's pairwise row sums: without them the warps split a "
-                             "row's sum, and its bits would follow the row count")
 
     def col_tiles(self, hidden: int) -> int:
         return self.tile.col_tiles(hidden)
@@ -233,10 +211,6 @@ class FwdConfig(_Parts):
     def tile_rows(self, rows: int) -> int:
         """Rows per tile for a launch over `rows` rows (FwdSchedule.rows_block_m)."""
         return next((bm for top, bm in self.schedule.rows_block_m if rows <= top), self.tile.block_m)
-
-    def tile_warps(self, rows: int) -> int:
-        """Warps for a launch over `rows` rows (FwdSchedule.rows_warps)."""
-        return next((w for top, w in self.schedule.rows_warps if rows <= top), self.tile.num_warps)
 
 
 @dataclass(frozen=True)
@@ -441,9 +415,9 @@ def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
     139.9 (the best of 29). The plain tile had run 0.81-0.86x torch.compile of the gated
     reference at H4096 (`trainnorm bench`, H100)."""
     t = cfg.tile
-    # the plain entry's rows per tile and warps by row count were measured without a gate, and the
-    # one-row tile's twice the warps would change the row sum's split between counts: none carry over
-    cfg = cfg.replace(rows_block_m=(), rows_warps=())
+    # the plain entry's rows per tile by row count were measured without a gate, and the one-row
+    # tile's twice the warps would change the row sum's split between counts: none carry over
+    cfg = cfg.replace(rows_block_m=())
     if t.block_m >= 2:
         return cfg.replace(block_m=t.block_m // 2)
     return cfg.replace(num_warps=min(16, 2 * t.num_warps))

@@ -357,10 +357,7 @@ def reduction_trees(ttgir: str, last_axis_only: bool = False) -> dict:
     additions follows the reduced axis's share of it alone: (elements a thread holds
     together, lanes, warps), the extent giving the repetitions. Two forms with the same
     trees and the same fused multiply-adds add in the same order; any other layout is
-    kept whole. A sum over an axis of two values is one addition, a + b or b + a, the same
-    bits: whatever its split, it is recorded as a pair (the pairwise row sums,
-    kernels.common.pair_sums). last_axis_only: only the sums along a tile's last axis (a
-    row's columns), and those over axes of two (pair_sums reshapes a row into them)."""
+    kept whole. last_axis_only: only the sums along a 2-D tile's last axis (a row's columns)."""
     import collections
     aliases = dict(LAYOUT_ALIAS.findall(ttgir))
 
@@ -375,12 +372,10 @@ def reduction_trees(ttgir: str, last_axis_only: bool = False) -> dict:
     trees = collections.Counter()
     for axis, shape, dtype, layout in REDUCE.findall(ttgir):
         axis, dims, layout = int(axis), [int(d) for d in shape.split("x")], resolve(layout)
-        if last_axis_only and (len(dims) < 2 or (axis != len(dims) - 1 and dims[axis] != 2)):
+        if last_axis_only and (len(dims) < 2 or axis != len(dims) - 1):
             continue
         m = BLOCKED.match(layout)
-        if dims[axis] == 2:
-            split = "a pair"
-        elif m:
+        if m:
             spt, tpw, wpc = ([int(v) for v in g.split(",")][axis] for g in m.groups())
             split = f"{spt} a thread, {tpw} lanes, {wpc} warps"
         else:
@@ -556,12 +551,11 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
 # --- the forward's rows per tile: one order of a row's sum at every row count ---------------------
 
 def check_forward_rows(target, entries=None) -> list[str]:
-    """Every forward entry of the sm_90 table with rows per tile or warps by row count
-    (FwdSchedule.rows_block_m, rows_warps), compiled at each (rows, warps) its row counts
-    take, with and without a residual: a line for every entry whose forms sum a row's
-    columns in other orders (reduction_trees along the last axis; the sums over a tile's
-    rows, which count the rows, are left out). entries: [(hidden, kind, FwdConfig)] instead
-    of the table's."""
+    """Every forward entry of the sm_90 table with rows per tile by row count
+    (FwdSchedule.rows_block_m), compiled at each of its row counts, with and without a
+    residual: a line for every entry whose forms sum a row's columns in other orders
+    (reduction_trees along the last axis; the sums over a tile's rows, which count the
+    rows, are left out). entries: [(hidden, kind, FwdConfig)] instead of the table's."""
     from trainnorm import configs
     from trainnorm.configs import table as tables
     if entries is None:
@@ -570,19 +564,18 @@ def check_forward_rows(target, entries=None) -> list[str]:
     bad = []
     kernels = ("fwd_one_tile_kernel", "fwd_col_tiles_kernel")
     for hidden, kind, cfg in entries:
-        tops = [top for top, _ in cfg.rows_block_m + cfg.rows_warps] + [1 << 40]
-        counts = sorted({(cfg.tile_rows(t), cfg.tile_warps(t)) for t in tops})
+        counts = sorted({cfg.tile.block_m} | {bm for _, bm in cfg.rows_block_m})
         if len(counts) == 1:
             continue
         w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
         for extra in (("gate after",) if kind == "gated" else ("", "residual")):
             trees = {}
-            for bm, warps in counts:
+            for bm in counts:
                 ops = _form_ops(target, _fwd_call(hidden, w_dt, extra), kernels, last_axis_only=True,
-                                forward=lambda key, c, bm=bm, warps=warps, hidden=hidden, kind=kind:
-                                cfg.replace(block_m=bm, num_warps=warps, rows_block_m=(), rows_warps=())
-                                if (key.hidden, key.kind) == (hidden, kind) else None)
-                trees[f"bm{bm} w{warps}"] = {"reductions": ops["reductions"]}
+                                forward=lambda key, c, bm=bm, hidden=hidden, kind=kind:
+                                cfg.replace(block_m=bm, rows_block_m=()) if (key.hidden, key.kind) == (hidden, kind)
+                                else None)
+                trees[f"bm{bm}"] = {"reductions": ops["reductions"]}
             what = f"forward H {hidden} {kind}{' ' + extra if extra else ''}"
             found = _differing(f"{what}, rows per tile", trees)
             print(f"  {what} rows per tile {counts}: {'differ' if found else 'the same'}", flush=True)

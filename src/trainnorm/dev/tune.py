@@ -13,7 +13,6 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-small --out DIR
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
     python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
-    python -m trainnorm.dev.tune --sweep-pairwise [--hidden 2048,6144] --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
@@ -44,12 +43,6 @@ tile loop, beside the rows' loads, after the sum of squares) and, for rows
 walked in column tiles, the tiles held or walked twice: the same bits, a
 load's latency apart at few rows. It writes each entry's weight_read and
 hold_tiles.
-
---sweep-pairwise times, at T 1-65536, each forward entry whose rows fit one
-tile with pairwise row sums (configs.FwdTile.pairwise: one tree of pairs, so the
-warps may follow the row count) at one, two and four times its warps, beside the
-entry as it is. The warps' bits must agree; the entry takes the pairwise sums
-(other bits than its own) and warps by row count only where they beat it.
 
 --probe-defaults times, at widths the table does not hold, the analytical
 defaults' configs (configs.default_backward / default_forward) against single
@@ -738,12 +731,10 @@ def rows_candidates(cfg: FwdConfig, hidden: int, elt: int = ELT) -> list[int]:
     return out
 
 
-def time_forward_variants(run: Run, hidden: int, kind: str, ref: FwdConfig, cands: dict, label=str,
-                          beside: dict | None = None):
+def time_forward_variants(run: Run, hidden: int, kind: str, ref: FwdConfig, cands: dict, label=str):
     """({T: {key: us}}, keys with other bits): each candidate config of cands ({key: config})
     whose y, rstd and h are ref's to the bit on outlier rows (ROWS_BITS_T, with and without a
-    residual), timed interleaved per T (ROWS_T); the others are logged and not timed. The
-    configs of `beside` ({key: config}) are timed with them, their bits not compared."""
+    residual), timed interleaved per T (ROWS_T); the others are logged and not timed."""
     w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
     case = make_case("outlier", (ROWS_BITS_T,), hidden, weight_dtype=w_dt, residual=True, seed=1234,
                      device=run.device)
@@ -760,8 +751,7 @@ def time_forward_variants(run: Run, hidden: int, kind: str, ref: FwdConfig, cand
     for tokens in ROWS_T:
         x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
         w = torch.randn(hidden, device=run.device).to(w_dt)
-        fns = {key: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind))
-               for key, c in {**kept, **(beside or {})}.items()}
+        fns = {key: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind)) for key, c in kept.items()}
         res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
         run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"{label(k)} {v:.2f}" for k, v in res[tokens].items()))
     return res, differ
@@ -898,67 +888,6 @@ def tune_weight(run: Run, widths) -> None:
                                        "chosen": best, "own": own, "gpu": gpu}
         run.log(f"{kind} H{hidden}: {note}")
         run.save("sweep-weight.json")
-
-
-# --- pairwise row sums and the warps by row count (--sweep-pairwise) --------------------------------
-
-PAIRWISE_NOTE = "pairwise: "
-# the entry takes the pairwise sums (other bits) only where, with its best warps per T, they
-# beat its own tile by this much in geomean over ROWS_T and lose at no T by more than ROWS_NOISE:
-# at 1% the H100 sweep took them at H 512 on replays 1-2% apart (w8 4.58 against 4.51-4.75 us at
-# T 1, w2 5.50 against 6.05 at T 1024, the same tile's 5.50-6.05 between groups)
-PAIRWISE_GAIN = 0.03
-
-
-def pairwise_candidates(cfg: FwdConfig) -> dict:
-    """{warps: config}: the entry's tile (its rows per tile by row count kept) with pairwise row
-    sums at its warps, twice and four times as many (up to 32): more warps, fewer values a
-    thread, where few rows leave the SMs idle (H 6144 at 4 warps holds 64 values a thread)."""
-    base = cfg.replace(pairwise=True, rows_warps=())
-    own = cfg.tile.num_warps
-    return {w: base.replace(num_warps=w) for w in sorted({own, min(32, 2 * own), min(32, 4 * own)})}
-
-
-def choose_pairwise(res: dict, own: int) -> tuple:
-    """(rows_warps windows, {T: chosen us}, geomean of chosen over the entry's own sum, worst
-    ratio): the warps per T as choose_rows picks rows per tile; keys of res: warps, and
-    "entry" for the entry's own tile (Triton's sum)."""
-    warps = {t: {k: v for k, v in r.items() if k != "entry"} for t, r in res.items()}
-    windows = choose_rows(warps, own)
-    cfg_warps = {t: next((w for top, w in windows if t <= top), own) for t in res}
-    chosen = {t: warps[t][cfg_warps[t]] for t in res}
-    ratios = [chosen[t] / res[t]["entry"] for t in res]
-    return windows, chosen, _geo(ratios), max(ratios)
-
-
-def tune_pairwise(run: Run, widths) -> None:
-    for hidden, kind, entry in forward_entries(run.table, widths):
-        # the entry with Triton's sum over its layout, whatever an earlier sweep wrote
-        cfg = tables.to_config("forward", entry).replace(pairwise=False, rows_warps=())
-        if cfg.col_tiles(hidden) > 1:
-            run.log(f"{kind} H{hidden}: rows walked in column tiles; pairwise sums need one tile: not swept")
-            continue
-        cands = pairwise_candidates(cfg)
-        own = cfg.tile.num_warps
-        res, differ = time_forward_variants(run, hidden, kind, cands[own], cands, label=lambda k: f"w{k}",
-                                            beside={"entry": cfg})
-        windows, chosen, geo, worst = choose_pairwise(res, own)
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else str(run.device)
-        take = geo < 1 - PAIRWISE_GAIN and worst <= 1 + ROWS_NOISE and not differ
-        times = "; ".join(f"T{t} " + ", ".join(f"{k if k == 'entry' else f'w{k}'} {v:.2f}" for k, v in r.items())
-                          for t, r in sorted(res.items()))
-        note = (f"{PAIRWISE_NOTE}{'taken' if take else 'not taken'}, warps windows {[list(w) for w in windows] or 'none'}"
-                f" past the tile's w{own}: x{geo:.3f} geomean, worst x{worst:.3f} of the entry's own sum per T"
-                f" ({gpu}, python -m trainnorm.dev.tune --sweep-pairwise; the warps' y / rstd / h bit-equal on"
-                f" outlier rows at T {ROWS_BITS_T}{'; other bits: ' + ', '.join(f'w{k}' for k in differ) if differ else ''}"
-                f"; 'entry' is the tile with Triton's sum): {times} us")
-        notes = [n for n in entry.get("notes", []) if not n.startswith(PAIRWISE_NOTE)] + [note]
-        write_entry(run.table, "forward", hidden, kind,
-                    cfg.replace(pairwise=True, rows_warps=windows) if take else cfg, notes)
-        run.raw[f"{kind} {hidden}"] = {"times": {str(t): {str(k): v for k, v in r.items()} for t, r in res.items()},
-                                       "differ": differ, "windows": windows, "taken": take, "gpu": gpu}
-        run.log(f"{kind} H{hidden}: {note}")
-        run.save("sweep-pairwise.json")
 
 
 # --- the analytical defaults (--probe-defaults) -------------------------------------------------
@@ -1236,9 +1165,6 @@ def parse_args(argv=None):
                        help="the forward entries' rows per tile by row count (the tile's column layout kept)")
     sweep.add_argument("--sweep-weight", action="store_true",
                        help="when the forward entries read the weight (and whether column tiles are held)")
-    sweep.add_argument("--sweep-pairwise", action="store_true",
-                       help="the forward entries' pairwise row sums with their warps by row count, against the "
-                            "entry's own sum")
     sweep.add_argument("--probe-defaults", action="store_true",
                        help="the analytical defaults against single edits of them at widths the table does not hold")
     sweep.add_argument("--probe-stream", action="store_true",
@@ -1266,7 +1192,7 @@ def main(argv=None) -> int:
     if args.hidden:
         widths = [int(h) for h in args.hidden.split(",")]
     else:
-        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd or args.sweep_rows or args.sweep_weight or args.sweep_pairwise else
+        widths = list(SMALL_WIDTHS if args.sweep_small else FWD_WIDTHS if args.sweep_fwd or args.sweep_rows or args.sweep_weight else
                       GATED_WIDTHS if args.gated else BWD_WIDTHS)
     if args.sweep_bwd:
         known = SWEEP_TILES_GATED if args.gated else SWEEP_TILES
@@ -1307,8 +1233,6 @@ def main(argv=None) -> int:
             tune_rows(run, widths)
         elif args.sweep_weight:
             tune_weight(run, widths)
-        elif args.sweep_pairwise:
-            tune_pairwise(run, widths)
         else:
             tune_bwd(run, widths, args.gated)
         if not probe:

@@ -136,68 +136,20 @@ def row_dot(b_a, b_b):
 
 
 @triton.jit
-def pair_sums(b_p, LOG_V: tl.constexpr):
-    """sum_j p_j of each row of a [rows, N] tile (N a power of two) as one fixed tree of
-    pairs, whatever the tile's layout: first within each group of 2**LOG_V neighbours
-    (column bits 0 .. LOG_V - 1, pairs of neighbours first), then halves of the row (the
-    highest column bit first, down to bit LOG_V). Every step sums an axis of two values,
-    and a + b is b + a to the bit, so which thread, lane or warp holds which value moves
-    no addition: the sum's bits follow N, LOG_V and the values alone. Padding columns
-    (zeros past the row) add exactly. LOG_V is the 16-byte vector of the activations'
-    dtype (3 for 16-bit, 2 for float32): the steps within it stay in a thread's registers
-    in every layout; the halves then reach a thread's other values, the warps and last the
-    lanes. The cost is a barrier a warp bit: one row of 8192 bf16 compiled for sm_90 under
-    Triton 3.6 has 5, 8, 11 and 14 barriers at 4, 8, 16 and 32 warps, Triton's own sum 2."""
-    M: tl.constexpr = b_p.shape[0]
-    N: tl.constexpr = b_p.shape[1]
-    V: tl.constexpr = min(N, 1 << LOG_V)
-    b = tl.reshape(b_p, [M, N // V, V])
-    for i in tl.static_range(LOG_V):
-        if (V >> i) > 1:
-            b = tl.sum(tl.reshape(b, [M, N // V, V >> (i + 1), 2]), axis=3)
-    b = tl.reshape(b, [M, N // V])
-    for i in tl.static_range(24):
-        if (N // V) >> i > 1:
-            b = tl.sum(tl.reshape(b, [M, 2, (N // V) >> (i + 1)]), axis=1)
-    return tl.reshape(b, [M])
-
-
-@triton.jit
-def squares(b_u):
-    """u * u, each product rounded alone (mul.rn.f32, which no compiler fuses into the
-    additions that follow; the interpreter fuses nothing)."""
-    if INTERPRETED:
-        return b_u * b_u
-    else:
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $1;", "=r,r", [b_u], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-
-
-@triton.jit
-def row_sumsq(b_u, PAIRWISE: tl.constexpr, LOG_V: tl.constexpr):
-    """sum_j u_j^2 of each row of a tile: pair_sums of the products rounded alone with
-    PAIRWISE, else Triton's sum over the tile's layout (row_dot)."""
-    if PAIRWISE:
-        return pair_sums(squares(b_u), LOG_V)
-    else:
-        return row_dot(b_u, b_u)
-
-
-@triton.jit
-def rstd_of_rows(b_u, b_u2, n_cols, eps, PAIRWISE: tl.constexpr, LOG_V: tl.constexpr):
+def rstd_of_rows(b_u, b_u2, n_cols, eps):
     """rstd of each row of a tile holding whole rows (float32 u; b_u2 the rows'
-    second piece, or None; row_sumsq). The scaled sum is formed only when some row of
-    the tile overflowed: a tile of ordinary rows does exactly what rstd_from_sumsq does."""
-    b_ss = row_sumsq(b_u, PAIRWISE, LOG_V)
+    second piece, or None). The scaled sum is formed only when some row of the
+    tile overflowed: a tile of ordinary rows does exactly what rstd_from_sumsq does."""
+    b_ss = row_dot(b_u, b_u)
     if b_u2 is not None:
-        b_ss += row_sumsq(b_u2, PAIRWISE, LOG_V)
+        b_ss += row_dot(b_u2, b_u2)
     b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
     if tl.max(b_ss, axis=0) == float("inf"):
         b_s = b_u * SCALE_DOWN
-        b_ss_scaled = row_sumsq(b_s, PAIRWISE, LOG_V)
+        b_ss_scaled = row_dot(b_s, b_s)
         if b_u2 is not None:
             b_s2 = b_u2 * SCALE_DOWN
-            b_ss_scaled += row_sumsq(b_s2, PAIRWISE, LOG_V)
+            b_ss_scaled += row_dot(b_s2, b_s2)
         b_rstd = rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps)
     return b_rstd
 

@@ -30,11 +30,6 @@ The forms (plan.py picks one from the row width and the tile):
   the bits do not change. With BLOCK_N2 > 0 a row is held as two pieces of
   BLOCK_N and BLOCK_N2 columns (plain loads), its sum of squares the sum of
   the pieces' sums: 5120 = 4096 + 1024 in one pass, no column masked.
-  With PAIRWISE a row's sum of squares is common.pair_sums of its products: one
-  fixed tree of pairs over the tile's columns (each piece's, with two pieces),
-  whatever the layout, so the warps may follow the row count
-  (FwdSchedule.rows_warps) as the rows per tile do; LOG_V is the 16-byte
-  vector of x's dtype that the tree takes first.
 - `fwd_col_tiles_kernel`: wider rows, walked in COL_TILES tiles twice (sum of
   squares, then normalise; the second walk re-reads x, and r, which the first
   left in L1 / L2). The walks are unrolled COL_UNROLL times: with all of a
@@ -46,12 +41,11 @@ The forms (plan.py picks one from the row width and the tile):
   weight's tiles are read before the first walk's, all in flight together,
   and held for the second; "late" reads each in the second walk.
 
-The tile's columns (block_n, and without PAIRWISE the warps, and so the split of
-a row's sum over a thread's values, the lanes and the warps) are a function of
-(H, dtype) only; the rows a tile holds (FwdSchedule.rows_block_m) and, with
-PAIRWISE, its warps (rows_warps) may follow the row count, which moves no
-addition of a row's sum. So the reduction order of a row never depends on how
-many rows there are: y and rstd are batch-invariant.
+The tile's columns (block_n, warps, and so the split of a row's sum over a
+thread's values, the lanes and the warps) are a function of (H, dtype) only;
+the rows a tile holds may follow the row count (FwdSchedule.rows_block_m), which
+moves no addition of a row's sum. So the reduction order of a row never depends
+on how many rows there are: y and rstd are batch-invariant.
 """
 import triton
 import triton.language as tl
@@ -127,8 +121,6 @@ def fwd_one_tile_kernel(
     W_OFFSET: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     WEIGHT: tl.constexpr,
-    PAIRWISE: tl.constexpr,
-    LOG_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     o_mb = tl.arange(0, BLOCK_M)
@@ -177,9 +169,9 @@ def fwd_one_tile_kernel(
             mask2 = m_m[:, None] & m_n2[None, :]
             q_h = load_h(X, R, H_OUT, o_x + o_n2[None, :], o_r + o_n2[None, :], o_out + o_n2[None, :], mask2, True)
             q_h, q_a = _with_gate(q_h, Z, o_z + o_n2[None, :], mask2, GATE, GATE_FIRST)
-            b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps, PAIRWISE, LOG_V)
+            b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
         else:
-            b_rstd = rstd_of_rows(b_h, None, n_cols, eps, PAIRWISE, LOG_V)
+            b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
         _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT,
                  GATE is not None and not GATE_FIRST, W_OFFSET)
         if BLOCK_N2 > 0:
