@@ -156,6 +156,58 @@ def test_passes_alternate_order():
     assert got["a"] == [[1.0, 1.0], [6.0, 6.0], [7.0, 7.0]]
 
 
+
+def test_timer_replays_its_captures_in_turn():
+    # a short row's samples go to each capture in turn (timing.py): no one graph stands for all
+    replays = []
+
+    class Graph:
+        def __init__(self, i):
+            self.i = i
+
+        def replay(self):
+            replays.append(self.i)
+
+    t = timing.Timer("a", fn=lambda: replays.append("eager"), graphs=[Graph(0), Graph(1), Graph(2)])
+    for _ in range(7):
+        t.run()
+    assert replays == [0, 1, 2, 0, 1, 2, 0]
+    t.release()
+    assert t.graphs == [] and t.keep == []
+    eager = timing.Timer("b", fn=lambda: replays.append("eager"))
+    eager.run()
+    assert replays[-1] == "eager"
+
+
+def test_short_ops_are_captured_several_times():
+    rows = {r.id: r for r in shapes.set_rows(shapes.parse_sets("default,block"), quick=False)}
+    assert run.captures(rows["H6144 T4"], "step") == run.ROTATE_CAPTURES > 1
+    assert run.captures(rows["H512 T16384"], "fwd") == run.ROTATE_CAPTURES      # 32 MiB
+    assert shapes.op_bytes(rows["H512 T16384"], "fwd") <= run.ROTATE_MAX_BYTES
+    assert run.captures(rows["H4096 T65536"], "fwd") == 1
+    assert shapes.op_bytes(rows["H4096 T65536"], "fwd") > run.ROTATE_MAX_BYTES
+    assert run.captures(next(r for r in rows.values() if r.block), "fwd") == 1
+
+
+@pytest.mark.gpu
+def test_make_timer_captures_with_their_own_outputs():
+    # each capture replays into its own outputs: three graphs, three result tensors, each
+    # written by its own replay
+    stream = torch.cuda.Stream()
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    with torch.cuda.stream(stream):
+        t = timing.make_timer("double", lambda: x * 2, stream, warmup=1, captures=3)
+        assert t.mode == "graph" and len(t.graphs) == 3 and len(t.keep) == 3
+        assert len({o.data_ptr() for o in t.keep}) == 3
+        for o in t.keep:
+            o.zero_()
+        x.add_(1)
+        for _ in range(2):
+            t.run()
+        torch.cuda.synchronize()
+    assert [bool(torch.equal(o, x * 2)) for o in t.keep] == [True, True, False]
+
+
 # --- matching -------------------------------------------------------------------------------
 
 def M(impl, us, err=None, dtype=None, op="bwd", row="H4096 T1024", mode="graph", note=""):

@@ -466,7 +466,8 @@ def render_markdown(result: BenchResult) -> str:
     out += _env_lines(result.env, result)
     out += ["", "Method: one CUDA-graph replay per sample after an L2 flush (256 MB written outside the "
             "timed region), median over all samples of interleaved passes (order reversed every other "
-            "pass), every implementation of a row in this process. Floor = bytes the op must move / the "
+            "pass), every implementation of a row in this process; short ops sample several captures of "
+            "each implementation in turn (`captures` above). Floor = bytes the op must move / the "
             "copy bandwidth above. `% floor` = floor / latency. Ratios = peer latency / trainnorm "
             "latency (> 1: trainnorm is faster). Best peer for bwd and step: the fastest non-trainnorm "
             f"implementation whose dw is float32 and within err/tol <= {DW_BUDGET:g}. "

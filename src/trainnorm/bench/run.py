@@ -28,6 +28,12 @@ from .timing import first_line
 from .report import DW_BUDGET, TRAINNORM_NAMES, BenchResult, Measurement
 
 DEFAULT_SAMPLES = 25
+# ops that move at most this many bytes are captured ROTATE_CAPTURES times and sampled in
+# turn (timing.py: a replay of a few microseconds follows its graph by up to 8% on an H100);
+# at 64 MiB a row's floor is about 22 us on an H100 and 16 on an H200, past which one graph's
+# offset of ~0.3 us weighs little. Longer ops keep one capture (and their outputs' memory)
+ROTATE_MAX_BYTES = 64 << 20
+ROTATE_CAPTURES = 3
 QUICK_SAMPLES = 10
 DEFAULT_PASSES = 3
 SEED = 0
@@ -277,6 +283,13 @@ def impl_names(impls: list[Impl]) -> list[str]:
 
 # --- one row --------------------------------------------------------------------------------
 
+def captures(row: shapes.Row, op: str) -> int:
+    """CUDA graphs to capture of each implementation of a row's op (ROTATE_MAX_BYTES)."""
+    if row.block:
+        return 1
+    return ROTATE_CAPTURES if shapes.op_bytes(row, op) <= ROTATE_MAX_BYTES else 1
+
+
 def _recover() -> None:
     """After an implementation failed: finish what is queued and give its memory back."""
     try:
@@ -330,7 +343,8 @@ def bench_row(row: shapes.Row, impls: list[Impl], ops: list[str], flush: timing.
                 out.append(Measurement(row.id, op, impl.name, mode="skipped", note=f"{op} skipped: {why}"))
                 continue
             try:
-                timers.append(timing.make_timer(impl.name, impl.prepare(d, op), stream))
+                timers.append(timing.make_timer(impl.name, impl.prepare(d, op), stream,
+                                                captures=captures(row, op)))
             except Exception as exc:  # noqa: BLE001
                 _recover()
                 out.append(Measurement(row.id, op, impl.name, mode="failed", note=f"{op} failed: {first_line(exc)}"))
@@ -457,6 +471,8 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
             "rows": shapes.describe(rows),
             "ops": ",".join(ops),
             "passes x samples": f"{args.passes} x {samples} per implementation",
+            "captures": f"{ROTATE_CAPTURES} CUDA graphs per implementation sampled in turn where the op moves at "
+                        f"most {ROTATE_MAX_BYTES >> 20} MiB, else 1",
             "inputs": f"bfloat16 activations, weight bfloat16 (float32 on w32 rows), eps {EPS:g}; "
                       "on res r32 rows r, h, dh and dx float32; on 1+w rows y = x_hat * (1 + w)",
             "L2 flush": f"{timing.FLUSH_BYTES >> 20} MB written before every sample",

@@ -14,6 +14,15 @@ again in the reverse order, ...) so that slow drifts of clock or temperature
 hit all of them alike; the reported latency is the median over all samples
 of all passes, with the 20th and 80th percentiles as its spread.
 
+A replay of a few microseconds also depends on the graph that was captured:
+on an H100 trainnorm's forward, timed as "trainnorm" and as "trainnorm-fast"
+(one call, the same inputs, two graphs), read up to 8% apart at T 1-64, and in
+4 of 30 rows one graph was slower in all three passes (docs/benchmarks/h100-small;
+the step, a longer replay, within 1.3%). So a short row captures each
+implementation several times (make_timer's captures: each capture has its own
+outputs), and its samples go to the captures in turn: the median then stands
+for the captures, not for one of them.
+
 An implementation whose op cannot be captured in a CUDA graph is timed as
 eager calls between the same events, and the result says so.
 """
@@ -77,14 +86,16 @@ class Timer:
 
     name: str
     fn: Callable[[], object]
-    graph: object = None
+    graphs: list = field(default_factory=list)     # the captures, replayed in turn
     mode: str = "graph"     # "graph" | "eager"
     note: str = ""
-    keep: list = field(default_factory=list)   # outputs of the capture, alive with the graph
+    keep: list = field(default_factory=list)   # outputs of the captures, alive with the graphs
+    turn: int = 0
 
     def run(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
+        if self.graphs:
+            self.graphs[self.turn % len(self.graphs)].replay()
+            self.turn += 1
         else:
             self.fn()
 
@@ -101,7 +112,7 @@ class Timer:
         return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
     def release(self) -> None:
-        self.graph = None
+        self.graphs.clear()
         self.keep.clear()
         self.fn = None
 
@@ -112,8 +123,9 @@ def first_line(exc: BaseException) -> str:
 
 
 def make_timer(name: str, fn: Callable[[], object], stream: torch.cuda.Stream,
-               warmup: int = WARMUP_CALLS) -> Timer:
-    """Warm fn up and capture it in its own CUDA graph on `stream`.
+               warmup: int = WARMUP_CALLS, captures: int = 1) -> Timer:
+    """Warm fn up and capture it in `captures` CUDA graphs of its own on `stream`
+    (each with its own outputs; the timer replays them in turn).
 
     The first call runs alone and is synchronized (it compiles: Triton JIT,
     torch.compile, CuTe DSL, autotuning); the next ones are plain warm-up calls.
@@ -127,18 +139,19 @@ def make_timer(name: str, fn: Callable[[], object], stream: torch.cuda.Stream,
         fn()
     torch.cuda.synchronize()
     timer = Timer(name, fn)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, stream=stream):
-            out = fn()
-        timer.graph = graph
-        timer.keep.append(out)
-        graph.replay()
+        for _ in range(captures):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                out = fn()
+            timer.graphs.append(graph)
+            timer.keep.append(out)
+            graph.replay()
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager timing
-        timer.graph = None
+        timer.graphs.clear()
         timer.keep.clear()
-        del graph
+        graph = None
         try:
             torch.cuda.synchronize()
         except Exception:  # noqa: BLE001
