@@ -20,7 +20,7 @@ def _as_stored(fields: dict) -> dict:
 def stub_timer(calls: list, time_of):
     """A stand-in for tune.time_fns: runs each candidate once (through the kernels), records
     its name in calls and reports time_of(name, position) us."""
-    def fake_time(fns, flush, passes=3, samples=8):
+    def fake_time(fns, flush, passes=3, samples=8, captures=1):
         out = {}
         for i, (name, fn) in enumerate(fns.items()):
             fn()
@@ -368,3 +368,12 @@ def test_sweep_weight_end_to_end(tmp_path, monkeypatch, device):
     for e, own in ((one, "early"), (cols, "late")):
         assert sum(n.startswith(tune.WEIGHT_NOTE) for n in e["notes"]) == 1
         assert e["notes"][-1].startswith(f"{tune.WEIGHT_NOTE}{'early' if own == 'early' else 'rows held'} (was {own};")
+
+
+def test_short_candidates_are_captured_as_the_bench_does():
+    # the tuner's candidates take the bench's several captures where their rows are short
+    from trainnorm.bench import run as bench_run
+    assert tune.captures(1, 6144) == tune.captures(256, 6144) == bench_run.ROTATE_CAPTURES > 1
+    assert tune.captures(65536, 4096) == 1
+    assert tune.captures(1024, 8192) == bench_run.ROTATE_CAPTURES       # 64 MiB at 8 bytes an element
+    assert tune.captures(1025, 8192) == 1

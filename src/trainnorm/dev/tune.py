@@ -198,21 +198,30 @@ def only(hidden: int, kind: str, cfg):
 
 # --- timing -----------------------------------------------------------------------------
 
-def time_fns(fns: dict, flush, passes=3, samples=8) -> dict:
-    """{name: median us} of zero-argument callables, each captured in a CUDA graph and
-    sampled in interleaved passes (trainnorm.bench.timing)."""
+def time_fns(fns: dict, flush, passes=3, samples=8, captures=1) -> dict:
+    """{name: median us} of zero-argument callables, each captured in `captures` CUDA graphs
+    sampled in turn, in interleaved passes (trainnorm.bench.timing)."""
     from trainnorm.bench.timing import make_timer, percentile, sample_interleaved
     stream = torch.cuda.Stream()
     timers = []
     with torch.cuda.stream(stream):
         for name, fn in fns.items():
-            timers.append(make_timer(name, fn, stream))
+            timers.append(make_timer(name, fn, stream, captures=captures))
     torch.cuda.synchronize()
     res = sample_interleaved(timers, flush, passes, samples)
     out = {k: percentile([s for p in v for s in p], 50) for k, v in res.items()}
     for t in timers:
         t.release()
     return out
+
+
+def captures(rows: int, hidden: int) -> int:
+    """CUDA graphs per candidate, as `trainnorm bench` takes them (bench.run.captures): several
+    where the rows move at most ROTATE_MAX_BYTES (taken here as 8 bytes an element, the 16-bit
+    backward's x, dy and dx and the forward's pair), one past it. A candidate's replay of a few
+    microseconds reads up to 8% off through one graph, against the 2% the windows' noise rules allow."""
+    from trainnorm.bench.run import ROTATE_CAPTURES, ROTATE_MAX_BYTES
+    return ROTATE_CAPTURES if 8 * rows * hidden <= ROTATE_MAX_BYTES else 1
 
 
 def _geo(xs) -> float:
@@ -327,7 +336,8 @@ def sweep_bwd(run: Run, hidden: int, gated: bool = False) -> dict:
                 ws = _workspace(cfg, hidden, rows, True, dev, gated)
                 fns[k] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z))
             try:
-                res[tokens].update(time_fns(fns, run.flush, passes=2, samples=6))
+                res[tokens].update(time_fns(fns, run.flush, passes=2, samples=6,
+                                            captures=captures(rows, hidden)))
             except Exception as e:  # noqa: BLE001 - a tile that fails to compile or run is dropped
                 run.log(f"  H{hidden} T{tokens} {bwd_name(k)}: {type(e).__name__}: {str(e)[:80]}")
         best = min(res[tokens].items(), key=lambda kv: kv[1])
@@ -461,7 +471,7 @@ def sweep_small(run: Run, hidden: int, base: BwdConfig) -> dict:
                                slice_stages=stages)
             fns[slices_name(bm, bn, split, stages)] = (lambda cfg=cfg, x=x, w=w, dy=dy, rstd=rstd:
                                         _bwd_with(cfg, hidden, dy, x, w, rstd, None, True))
-        res[tokens] = time_fns(fns, run.flush, passes=3, samples=8)
+        res[tokens] = time_fns(fns, run.flush, passes=3, samples=8, captures=captures(tokens, hidden))
         run.log(f"  H{hidden} T{tokens}: " + ", ".join(f"{k} {v:.2f}" for k, v in res[tokens].items()))
     return res
 
@@ -664,7 +674,8 @@ def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False) -> dict:
             z = torch.randn_like(x) if variant == "gate" else None
             fns = {fwd_key(c, hidden): (lambda c=c, x=x, w=w, r=r, z=z: _fwd_with(c, hidden, x, w, kind, r, z))
                    for c in cands}
-            res[(variant, tokens)] = pt = time_fns(fns, run.flush, passes=2, samples=8)
+            res[(variant, tokens)] = pt = time_fns(fns, run.flush, passes=2, samples=8,
+                                                   captures=captures(tokens, hidden))
             b = min(pt, key=pt.get)
             run.log(f"  H{hidden}{' w32' if w32 else ''}{' ' + variant if variant else ''} T{tokens}: "
                     f"best {fwd_name(b)} {pt[b]:.2f} us")
@@ -752,7 +763,7 @@ def time_forward_variants(run: Run, hidden: int, kind: str, ref: FwdConfig, cand
         x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
         w = torch.randn(hidden, device=run.device).to(w_dt)
         fns = {key: (lambda c=c, x=x, w=w: _fwd_with(c, hidden, x, w, kind)) for key, c in kept.items()}
-        res[tokens] = time_fns(fns, run.flush, passes=3, samples=10)
+        res[tokens] = time_fns(fns, run.flush, passes=3, samples=10, captures=captures(tokens, hidden))
         run.log(f"  {kind} H{hidden} T{tokens}: " + ", ".join(f"{label(k)} {v:.2f}" for k, v in res[tokens].items()))
     return res, differ
 
@@ -1132,7 +1143,7 @@ def probe_latency(run: Run, cases=LATENCY_PROBE_CASES, peers=LATENCY_PEERS) -> N
     for hidden, rows in cases:
         fns, begun = latency_fns(hidden, rows, run.device, peers)
         for flushed, flush in (("flush", run.flush), ("no flush", _NoFlush())):
-            times = time_fns(fns, flush)
+            times = time_fns(fns, flush, captures=captures(rows, hidden))
             what = f"H{hidden} rows {rows} {flushed}"
             run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
             run.raw[what] = times
