@@ -230,6 +230,37 @@ def test_batch_invariance(device, hidden, rows):
         assert_bits_equal(a[:1], b[:1], f"{n} row 0 with other rows changed")
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_chunk_stages_no_deeper_than_its_tiles(device, use_configs, prefetch):
+    # a chunk's row loop is pipelined on its own: descriptor stages past the row tiles a chunk
+    # holds only take shared memory (plan.CHUNK_STAGES); the launch takes fewer, down to 2 (the
+    # config's descriptor loads kept), with the same bits as the config's depth
+    hidden = 256
+    cfg = bwd_config(hidden).replace(block_m=2, tma_stages=4, prefetch=prefetch, direct_max_rows=0,
+                                     slices_max_rows=0, min_rows_per_chunk=2, max_chunks=8)
+    use_configs(backward=cfg)
+    got = {}
+    for rows in (2, 6, 16, 24, 64, 300):
+        p = bwd_plan(rows, hidden)
+        got[rows] = (p.rows_per_chunk, p.loads())
+    assert got[2] == (2, (prefetch, 2)) and got[6] == (2, (prefetch, 2)) and got[16] == (2, (prefetch, 2))
+    assert got[24] == (4, (prefetch, 2)) and got[64] == (8, (prefetch, 4)) and got[300] == (38, (prefetch, 4))
+    use_configs(backward=cfg.replace(min_rows_per_chunk=6))
+    assert bwd_plan(24, hidden).loads() == (prefetch, 3)            # 4 chunks of 6 rows: 3 tiles
+    use_configs(backward=cfg.replace(tma_stages=0))
+    assert bwd_plan(16, hidden).loads() == (prefetch, 0)            # plain loads stay plain
+    use_configs(backward=cfg)
+    assert bwd_plan(16, hidden).dw is DwForm.PARTIAL
+    case = make_case("outlier", (16,), hidden, seed=5, device=device)
+    dy = torch.randn_like(case.x)
+    rstd = trainnorm.rms_norm_forward(case.x, case.weight, EPS)[1]
+    capped = trainnorm.rms_norm_backward(dy, case.x, case.weight, rstd)
+    use_configs(backward=cfg.replace(min_rows_per_chunk=8))     # one chunk of 16 rows: 4 stages
+    assert bwd_plan(16, hidden).loads() == (prefetch, 4) and bwd_plan(16, hidden).num_chunks == 2
+    deep = trainnorm.rms_norm_backward(dy, case.x, case.weight, rstd)
+    assert_bits_equal(capped[0], deep[0], "dx, stages capped against 4")
+
+
 def test_workspace_reuse(device, use_configs):
     # the chunked form (its float64 partials in the workspace) at 300 rows: the measured
     # windows may take 300 rows to a form without one (H 2048's column slices reach 512)
@@ -404,8 +435,9 @@ def test_descriptor_stages_keep_the_footprint(device, monkeypatch, hidden, strea
     # 1024 columns read a float32 h beside bf16 dy plainly, a float32 dy is always read
     # plainly, and so are rows whose width is not a multiple of 16 values
     # (rows.descriptor_depth: there the compiler laid the tile out otherwise under
-    # descriptors). Every form, the same bits
-    rows = 30
+    # descriptors). Every form, the same bits. One chunk of 128 rows, several tiles at every
+    # width: plan.CHUNK_STAGES leaves the config's depth
+    rows = 128
     dy_dtype, h_dtype = ({"bf16": torch.bfloat16, "fp32": torch.float32}[s.split()[0]] for s in streams.split(", "))
     gen = torch.Generator(device=device).manual_seed(31)
     dy = torch.randn(rows, hidden, generator=gen, device=device).to(dy_dtype)
@@ -419,7 +451,8 @@ def test_descriptor_stages_keep_the_footprint(device, monkeypatch, hidden, strea
     monkeypatch.setattr(dispatch, "descriptor_stages", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     outs = []
     for st in (0, stages):
-        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=st, prefetch=False)):
+        with configs.override(backward=bwd_config(hidden, torch.bfloat16).replace(tma_stages=st, prefetch=False,
+                                                                                  min_rows_per_chunk=rows)):
             outs.append(torch.ops.trainnorm.rms_norm_bwd(dy, h, w, rstd, dh, None, spec, True, True, None))
     assert seen == [0, expect]
     assert len(made) == (2 if expect else 0), f"descriptors made: {len(made)}"

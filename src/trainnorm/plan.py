@@ -127,6 +127,19 @@ def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | No
 
 # --- backward ---------------------------------------------------------------------------
 
+# CHUNK_STAGES: a chunk's row loop is software-pipelined on its own (kernels/backward.py: the
+# loop over a chunk's row tiles; the next chunk starts a new one), so it never holds more row
+# tiles in flight than the chunk has. Deeper descriptor stages then only hold shared memory
+# and registers that keep other programs off the SM: the column-slice form at H 6144 with a
+# residual, T 256 (chunks of 2 rows), compiled for sm_90 under Triton 3.6, took 157 registers
+# and 147,532 bytes of shared memory at the entry's 4 stages (one 8-warp program an SM, as
+# Nsight Compute found on an H100: 12% occupancy, 21% of DRAM; docs/benchmarks/tune/
+# h100-ncu-misses.md) and 126 and 49,204 at 2 (two programs an SM). The depth stays at least
+# 2, which keeps the descriptor loads the config chose (under 2 they turn plain:
+# rows.descriptor_depth); the load forms compile to the same arithmetic (compile_check
+# --load-forms), so no bit moves. Not yet timed on a GPU.
+
+
 @dataclass(frozen=True)
 class BackwardPlan:
     cfg: BwdConfig
@@ -145,10 +158,12 @@ class BackwardPlan:
         return 0
 
     def loads(self) -> tuple[bool, int]:
-        """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile)."""
+        """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile),
+        the stages no more than the row tiles a chunk holds, and at least 2 (CHUNK_STAGES)."""
         if self.col_tiles != 1:
             return False, 0
-        return self.cfg.schedule.loads(self.num_chunks == 1)
+        prefetch, stages = self.cfg.schedule.loads(self.num_chunks == 1)
+        return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.cfg.block_m)))
 
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
