@@ -283,11 +283,15 @@ def impl_names(impls: list[Impl]) -> list[str]:
 
 # --- one row --------------------------------------------------------------------------------
 
+def captures_for_bytes(nbytes: int) -> int:
+    """CUDA graphs to capture of an op that moves nbytes (ROTATE_MAX_BYTES)."""
+    return ROTATE_CAPTURES if nbytes <= ROTATE_MAX_BYTES else 1
+
+
 def captures(row: shapes.Row, op: str) -> int:
-    """CUDA graphs to capture of each implementation of a row's op (ROTATE_MAX_BYTES)."""
-    if row.block:
-        return 1
-    return ROTATE_CAPTURES if shapes.op_bytes(row, op) <= ROTATE_MAX_BYTES else 1
+    """CUDA graphs to capture of each implementation of a row's op (captures_for_bytes; one
+    for the block rows, which have no byte count)."""
+    return 1 if row.block else captures_for_bytes(shapes.op_bytes(row, op))
 
 
 def _recover() -> None:

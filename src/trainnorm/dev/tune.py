@@ -216,14 +216,14 @@ def time_fns(fns: dict, flush, passes=3, samples=8, captures=1) -> dict:
 
 
 def captures(rows: int, hidden: int) -> int:
-    """CUDA graphs per candidate, as `trainnorm bench` takes them (bench.run.captures): several
-    where the rows move at most ROTATE_MAX_BYTES, one past it. The bytes are counted as 8 an
+    """CUDA graphs per candidate, as `trainnorm bench` takes them (bench.run.captures_for_bytes:
+    several where the rows move at most ROTATE_MAX_BYTES, one past it). The bytes are counted as 8 an
     element whatever the sweep (a 16-bit backward moves 6, a forward 4 and a gated one 6): one
     rule for every sweep, on the side of more captures. A candidate's replay of a few
     microseconds reads up to 8% off through one graph, against the 2% the windows' noise
     rules allow."""
-    from trainnorm.bench.run import ROTATE_CAPTURES, ROTATE_MAX_BYTES
-    return ROTATE_CAPTURES if 8 * rows * hidden <= ROTATE_MAX_BYTES else 1
+    from trainnorm.bench.run import captures_for_bytes
+    return captures_for_bytes(8 * rows * hidden)
 
 
 def _geo(xs) -> float:
