@@ -77,7 +77,14 @@ def load_weight(W, o_c, m_c, W_OFFSET: tl.constexpr):
     """f32 (w + W_OFFSET) of columns o_c, as [1, N]: W_OFFSET 1 gives the (1 + w) weights
     of zero-centred norms (Gemma style), added in float32 (exact for 16-bit weights of
     magnitude at least 2**-16, else rounded once)."""
-    return weight_values(tl.load(W + o_c, mask=m_c, other=0.0), W_OFFSET)
+    return weight_values(weight_as_stored(W, o_c, m_c), W_OFFSET)
+
+
+@triton.jit
+def weight_as_stored(W, o_c, m_c):
+    """The weight of columns o_c as stored (zeros past the row): loads that a form issues
+    ahead of its rows and converts later (weight_values)."""
+    return tl.load(W + o_c, mask=m_c, other=0.0)
 
 
 @triton.jit

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .common import (SCALE_DOWN, add_residual, load_h, load_weight, round_to, row_offsets, rstd_from_sums,
-                     rstd_of_rows, weight_values)
+                     rstd_of_rows, weight_as_stored, weight_values)
 from .gate import load_gate
 
 
@@ -145,10 +145,10 @@ def fwd_one_tile_kernel(
         if W is not None and WEIGHT == "rows":
             # issued before the rows' loads and converted after them (_store_y): a
             # conversion right here would make the rows' loads wait for the weight
-            r_w = tl.load(W + o_n, mask=m_n, other=0.0)
+            r_w = weight_as_stored(W, o_n, m_n)
             r_w2 = r_w
             if BLOCK_N2 > 0:
-                r_w2 = tl.load(W + o_n2, mask=m_n2, other=0.0)
+                r_w2 = weight_as_stored(W, o_n2, m_n2)
         else:
             r_w = b_w
             r_w2 = b_w2
@@ -209,7 +209,7 @@ def fwd_col_tiles_kernel(
     if W is not None and WEIGHT == "rows":
         # every weight tile's load issued before the rows', held as stored for the second walk
         for t in tl.static_range(COL_TILES):
-            weights = weights + (tl.load(W + t * BLOCK_N + o_n, mask=t * BLOCK_N + o_n < n_cols, other=0.0),)
+            weights = weights + (weight_as_stored(W + t * BLOCK_N, o_n, t * BLOCK_N + o_n < n_cols),)
     if HOLD:
         # every tile of the row in registers, read once: the same additions in the same order
         held = ()
