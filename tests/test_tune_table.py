@@ -320,6 +320,10 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert got["configs"]["rule"] == _as_stored(configs.default_backward(hidden, 2).fields())
         assert set(raw[f"fwd H{hidden} rows {rows}"]["times"]) == set(fwd)
         assert {"w/2", "plain loads", "two pieces" if hidden == 96 else "no dw_2d"} <= set(bwd)
+    # the forward's edits that keep its bits: rows per tile, descriptor loads, the weight read
+    _, fwd = tune.default_edits(96)           # the rule: 32 x 128 at 4 warps, weight read early
+    assert {"rows 16", "rows 8", "rows 64", "tma3 c2", "tma3 c4", "weight rows", "weight late"} <= set(fwd)
+    assert "weight early" not in fwd and fwd["rows 16"].tile == fwd["rule"].tile
     # the gated forward's rule against the plain tile and its edits, at a width the table holds too
     tune.probe_gated_forward(run, ((4096, 3), (96, 40)))
     raw = json.loads((tmp_path / "probe-defaults.json").read_text())
@@ -327,6 +331,8 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         got = raw[f"gated fwd H{hidden} rows {rows}"]
         cands = tune.gated_forward_edits(hidden)
         assert set(got["times"]) == set(cands) and {"rule", "plain tile", "w/2"} <= set(cands)
+        if hidden == 4096:    # the rule's one-row tile: two rows a tile at every count, and descriptor loads
+            assert {"rows 2", "tma3 c2", "tma3 c4"} <= set(cands)
         assert got["configs"]["rule"] == _as_stored(
             configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields())
         assert got["configs"]["plain tile"] == _as_stored(configs.forward_config(configs.forward_key(hidden, 2)).fields())

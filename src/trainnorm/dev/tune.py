@@ -13,7 +13,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-small --out DIR
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
     python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
-    python -m trainnorm.dev.tune --probe-defaults [--cases 768x16384,128x131072] --out DIR
+    python -m trainnorm.dev.tune --probe-defaults [--gated] [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
 
@@ -47,12 +47,15 @@ hold_tiles.
 --probe-defaults times, at widths the table does not hold, the analytical
 defaults' configs (configs.default_backward / default_forward) against single
 edits of them (half or twice the warps or the rows, the loads, dw_2d, programs
-per SM and chunks, a row in two pieces): whether the rules are at a local best.
-It also times the gated forward's rule (configs.gated_forward_from_plain: the
-plain tile with half the rows) against the plain tile and single edits, at
-GATED_PROBE_CASES (widths the table holds too: the rule serves every gated
-forward). It writes only the raw times (probe-defaults.json) and the log: the
-rules are code, and their comments cite the times that chose them.
+per SM and chunks, a row in two pieces; for the forward also the edits that
+keep its bits: rows per tile at every count, the weight read, the descriptor
+form): whether the rules are at a local best. Without --cases it also times the
+gated forward's rule (configs.gated_forward_from_plain: the plain tile with half
+the rows) against the plain tile and single edits, at GATED_PROBE_CASES (widths
+the table holds too: the rule serves every gated forward); --gated times that
+alone, at --cases if given. It writes only the raw times (probe-defaults.json)
+and the log: the rules are code, and their comments cite the times that chose
+them.
 
 --probe-stream times the backward of a float32 residual stream under bf16
 activations (the explicit and the autograd entry points) at its 16-bit key's
@@ -948,7 +951,29 @@ def default_edits(hidden: int) -> tuple[dict, dict]:
                          ("two pieces", b2 > 0 and ft.block_n >= hidden, dict(block_n=b1, block_n2=b2))):
         if ok:
             fwd[name] = f.replace(**kw)
+    fwd.update(schedule_edits(f, hidden))
+    tiles = f.col_tiles(hidden)
+    own = plan_mod.weight_read(f, tiles)
+    for read in ("early", "rows", "late"):
+        if read != own and (read != "early" or tiles == 1) and plan_mod.weight_read(f.replace(weight_read=read),
+                                                                                  tiles) == read:
+            fwd[f"weight {read}"] = f.replace(weight_read=read)
     return bwd, fwd
+
+
+def schedule_edits(cfg: FwdConfig, hidden: int) -> dict:
+    """{name: FwdConfig}: edits of a forward config that keep its tile, so its bits (the rows
+    per tile at every count, the weight read, the descriptor form's depth and programs per SM)."""
+    t = cfg.tile
+    out = {}
+    for bm in (t.block_m // 2, t.block_m // 4, 2 * t.block_m):
+        if 1 <= bm != t.block_m and bm * t.block_n <= 16384:
+            out[f"rows {bm}"] = cfg.replace(rows_block_m=((ALWAYS, bm),))
+    if cfg.col_tiles(hidden) == 1 and not t.block_n2:
+        for st, ctas in ((3, 2), (3, 4), (4, 2)):
+            if (st, ctas) != (cfg.schedule.tma_stages, cfg.schedule.ctas_per_sm):
+                out[f"tma{st} c{ctas}"] = cfg.replace(tma_stages=st, ctas_per_sm=ctas)
+    return out
 
 
 # the gated forward's rule, at the gated rows of the bench: H 4096 and [T,32,128] (rows = T x 32)
@@ -965,9 +990,12 @@ def gated_forward_edits(hidden: int) -> dict:
     for name, ok, kw in (("w/2", t.num_warps >= 2, dict(num_warps=t.num_warps // 2)),
                          ("w*2", t.num_warps <= 8, dict(num_warps=2 * t.num_warps)),
                          ("bm/2", t.block_m >= 2, dict(block_m=t.block_m // 2)),
-                         ("bm*2", t.block_m * t.block_n <= 16384, dict(block_m=2 * t.block_m))):
+                         ("bm*2", t.block_m * t.block_n <= 16384, dict(block_m=2 * t.block_m)),
+                         ("bm*2 w*2", t.block_m * t.block_n <= 8192 and t.num_warps <= 8,
+                          dict(block_m=2 * t.block_m, num_warps=2 * t.num_warps))):
         if ok and rule.replace(**kw) != plain:
             out[name] = rule.replace(**kw)
+    out.update(schedule_edits(rule, hidden))
     return out
 
 
@@ -981,7 +1009,8 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
         fns = {name: (lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "gated", z=z)) for name, cfg in cands.items()}
         outs = {name: fn()[:1] for name, fn in fns.items()}
         _drop_disagreeing(run, fns, outs, f"gated fwd H{hidden} rows {rows}")
-        _record_probe(run, f"gated fwd H{hidden} rows {rows}", time_fns(fns, run.flush), cands)
+        _record_probe(run, f"gated fwd H{hidden} rows {rows}",
+                      time_fns(fns, run.flush, captures=captures(rows, hidden)), cands)
         del x, z, w, fns, outs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -1011,13 +1040,13 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
             fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True)
             outs[name] = fns[name]()
         _drop_disagreeing(run, fns, outs, f"bwd H{hidden} rows {rows}")
-        times = {"bwd": time_fns(fns, run.flush)}
+        times = {"bwd": time_fns(fns, run.flush, captures=captures(rows, hidden))}
         fns, outs = {}, {}
         for name, cfg in fwd.items():
             fns[name] = lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "plain")
             outs[name] = fns[name]()[:1]
         _drop_disagreeing(run, fns, outs, f"fwd H{hidden} rows {rows}")
-        times["fwd"] = time_fns(fns, run.flush)
+        times["fwd"] = time_fns(fns, run.flush, captures=captures(rows, hidden))
         for op, t in times.items():
             _record_probe(run, f"{op} H{hidden} rows {rows}", t, bwd if op == "bwd" else fwd)
         del x, w, dy, rstd, fns, outs
@@ -1187,14 +1216,16 @@ def parse_args(argv=None):
     p.add_argument("--cases", default=None,
                    help="with --probe-defaults, --probe-stream or --probe-latency: comma-separated HxROWS "
                         "(default: PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
-    p.add_argument("--gated", action="store_true", help="with --sweep-bwd: the gated backward (the 'gated' entries)")
+    p.add_argument("--gated", action="store_true",
+                   help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
+                        "the gated forward's rule alone (default cases GATED_PROBE_CASES)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
                    help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
     p.add_argument("--hidden", default=None, help="comma-separated widths (default: the sweep's bench widths)")
     args = p.parse_args(argv)
-    if args.gated and not args.sweep_bwd:
-        p.error("--gated needs --sweep-bwd")
+    if args.gated and not (args.sweep_bwd or args.probe_defaults):
+        p.error("--gated needs --sweep-bwd or --probe-defaults")
     if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency):
         p.error("--cases needs --probe-defaults, --probe-stream or --probe-latency")
     return args
@@ -1231,9 +1262,12 @@ def main(argv=None) -> int:
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else None
     try:
-        if args.probe_defaults:
-            probe_defaults(run, cases or PROBE_CASES)
+        if args.probe_defaults and args.gated:
             probe_gated_forward(run, cases or GATED_PROBE_CASES)
+        elif args.probe_defaults:
+            probe_defaults(run, cases or PROBE_CASES)
+            if not cases:
+                probe_gated_forward(run, GATED_PROBE_CASES)
         elif args.probe_stream:
             probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.probe_latency:
