@@ -383,3 +383,23 @@ def test_short_candidates_are_captured_as_the_bench_does():
     assert tune.captures(65536, 4096) == 1
     assert tune.captures(1024, 8192) == bench_run.ROTATE_CAPTURES       # 64 MiB at 8 bytes an element
     assert tune.captures(1025, 8192) == 1
+
+
+def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_path, monkeypatch, device):
+    # --probe-schedule: a forward entry and the edits that keep its bits, without and with a
+    # residual; a descriptor entry (H 6144 float32 weight) also with plain loads and each
+    # weight read. Every edit's y equals the entry's to the bit, so every one is timed
+    monkeypatch.setattr(tune, "time_fns", stub_timer([], lambda name, i: 1.0 + i))
+    run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), table_path=None,
+                   out=str(tmp_path), device=device, log=lambda s: None)
+    tune.probe_schedule(run, ((6144, 3),))
+    raw = json.loads((tmp_path / "probe-schedule.json").read_text())
+    own = configs.forward_config(configs.forward_key(6144, 2, 4))
+    assert own.tma_stages, "the float32-weight entry at H 6144 reads through tensor descriptors"
+    for res in ("", " res"):
+        got = raw[f"weight_fp32 fwd H6144{res} rows 3"]
+        assert set(got["times"]) == {"entry", *tune.schedule_edits(own, 6144)}
+        assert {"plain loads", "plain loads weight rows", "plain loads weight late"} <= set(got["times"])
+        assert got["configs"]["plain loads weight rows"]["tma_stages"] == 0
+        assert f"plain fwd H6144{res} rows 3" in raw
+    assert not (tmp_path / "sm_90.json").exists()

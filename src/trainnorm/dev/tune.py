@@ -14,6 +14,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-fwd --out DIR
     python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--gated] [--cases 768x16384,128x131072] --out DIR
+    python -m trainnorm.dev.tune --probe-schedule [--cases 6144x256] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
 
@@ -56,6 +57,12 @@ the table holds too: the rule serves every gated forward); --gated times that
 alone, at --cases if given. It writes only the raw times (probe-defaults.json)
 and the log: the rules are code, and their comments cite the times that chose
 them.
+
+--probe-schedule times, at SCHEDULE_PROBE_CASES, each forward entry the table
+holds at the width (plain and float32 weight, without and with a residual)
+against the edits that keep its bits: rows per tile, the descriptor form's depth
+and programs per SM, and for a descriptor entry plain loads with each weight
+read. Raw times to probe-schedule.json and the log; no table is written.
 
 --probe-stream times the backward of a float32 residual stream under bf16
 activations (the explicit and the autograd entry points) at its 16-bit key's
@@ -973,7 +980,45 @@ def schedule_edits(cfg: FwdConfig, hidden: int) -> dict:
         for st, ctas in ((3, 2), (3, 4), (4, 2)):
             if (st, ctas) != (cfg.schedule.tma_stages, cfg.schedule.ctas_per_sm):
                 out[f"tma{st} c{ctas}"] = cfg.replace(tma_stages=st, ctas_per_sm=ctas)
+        if cfg.schedule.tma_stages:
+            # the descriptor form's plain-load counterpart, with each weight read it can take
+            for read in ("", "rows", "late"):
+                out["plain loads" + (f" weight {read}" if read else "")] = cfg.replace(tma_stages=0, weight_read=read)
     return out
+
+
+# rows of the bench's float32-weight rows and their small-T neighbours
+SCHEDULE_PROBE_CASES = tuple((h, t) for h in (5120, 6144) for t in (1, 16, 256, 1024, 4096, 16384))
+
+
+def probe_schedule(run: Run, cases=SCHEDULE_PROBE_CASES) -> None:
+    """Time each forward entry the table holds at a case's width (plain and float32 weight;
+    without and with a residual) against the edits that keep its bits (schedule_edits),
+    candidates interleaved; raw times to probe-schedule.json. Writes no table."""
+    for hidden, rows in cases:
+        for kind in ("plain", "weight_fp32"):
+            key = configs.forward_key(hidden, ELT, 4 if kind == "weight_fp32" else 2)
+            if kind == "weight_fp32" and tables.lookup("forward", key) is None:
+                continue
+            own = configs.forward_config(key)
+            cands = {"entry": own, **schedule_edits(own, hidden)}
+            for res in (False, True):
+                x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+                r = torch.randn_like(x) if res else None
+                w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(
+                    torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+                fns = {name: (lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, kind, r)) for name, cfg in cands.items()}
+                outs = {name: fn()[:1] for name, fn in fns.items()}
+                what = f"{kind} fwd H{hidden}{' res' if res else ''} rows {rows}"
+                for name, out in outs.items():
+                    if not torch.equal(out[0], outs["entry"][0]):
+                        run.log(f"  {what} {name}: y differs from the entry's; not timed")
+                        fns.pop(name)
+                times = time_fns(fns, run.flush, captures=captures(rows, hidden))
+                run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+                run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
+                run.save("probe-schedule.json")
+                del x, r, w, fns, outs
 
 
 # the gated forward's rule, at the gated rows of the bench: H 4096 and [T,32,128] (rows = T x 32)
@@ -1209,13 +1254,15 @@ def parse_args(argv=None):
                        help="when the forward entries read the weight (and whether column tiles are held)")
     sweep.add_argument("--probe-defaults", action="store_true",
                        help="the analytical defaults against single edits of them at widths the table does not hold")
+    sweep.add_argument("--probe-schedule", action="store_true",
+                       help="the forward entries against the edits that keep their bits (rows per tile, loads)")
     sweep.add_argument("--probe-stream", action="store_true",
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     sweep.add_argument("--probe-latency", action="store_true",
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
     p.add_argument("--cases", default=None,
-                   help="with --probe-defaults, --probe-stream or --probe-latency: comma-separated HxROWS "
-                        "(default: PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
+                   help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
+                        "STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
     p.add_argument("--gated", action="store_true",
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
                         "the gated forward's rule alone (default cases GATED_PROBE_CASES)")
@@ -1226,8 +1273,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
-    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency):
-        p.error("--cases needs --probe-defaults, --probe-stream or --probe-latency")
+    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule):
+        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-stream or --probe-latency")
     return args
 
 
@@ -1256,7 +1303,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    probe = args.probe_defaults or args.probe_stream or args.probe_latency
+    probe = args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule
     run = Run(table=start_table(path, arch), table_path=None if probe else path, out=args.out,
               device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
@@ -1268,6 +1315,8 @@ def main(argv=None) -> int:
             probe_defaults(run, cases or PROBE_CASES)
             if not cases:
                 probe_gated_forward(run, GATED_PROBE_CASES)
+        elif args.probe_schedule:
+            probe_schedule(run, cases or SCHEDULE_PROBE_CASES)
         elif args.probe_stream:
             probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.probe_latency:
