@@ -549,6 +549,28 @@ def test_forward_load_forms_same_bits(device, monkeypatch, residual, gate):
             assert_bits_equal(a, b, f"forward {name} vs plain loads")
 
 
+def test_forward_descriptors_only_where_a_program_takes_several_tiles(device, monkeypatch):
+    # a descriptor config over rows of at most one tile a program (tiles <= programs per SM x
+    # SMs) reads them with plain loads, one program a tile: nothing to pipeline. One tile
+    # more and the descriptors are back. The bits are those of the plain form either way
+    hidden = 96
+    case = make_case("outlier", (9,), hidden, residual=True, seed=7, device=device)
+    cfg = fwd_config(hidden, case.x.dtype, case.weight.dtype).replace(block_m=2, ctas_per_sm=2, tma_stages=3)
+    made = record_descriptors(monkeypatch)
+    got = {}
+    for rows, descriptors in ((8, False), (9, True)):       # 4 tiles and 5 tiles, 2 SMs x 2 programs
+        with configs.override(forward=cfg), simulate_sm_count(2):
+            got[rows] = trainnorm.rms_norm_forward(case.x[:rows], case.weight, EPS, residual=case.residual[:rows])
+        assert len(made) == 2 * descriptors, f"{rows} rows: descriptors made {len(made)}"
+        made.clear()
+        with configs.override(forward=cfg.replace(tma_stages=0)):
+            want = trainnorm.rms_norm_forward(case.x[:rows], case.weight, EPS, residual=case.residual[:rows])
+        for a, b in zip(got[rows], want):
+            assert_bits_equal(a, b, f"{rows} rows vs plain loads")
+    for a, b in zip(got[8], got[9]):
+        assert_bits_equal(a, b[:8], "8 rows alone vs the same rows in 9")
+
+
 def test_forward_tma_needs_aligned_rows(device, monkeypatch):
     # a view whose row stride is not a multiple of 16 bytes is copied once and the copy
     # read through descriptors (rows.row_views); per-head rows (two-level strides) are
@@ -558,10 +580,11 @@ def test_forward_tma_needs_aligned_rows(device, monkeypatch):
     buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
     # heads of 2H in rows of 3 heads plus 64 columns: strides (640, 192, 1), two levels
     heads = torch.randn(10, 3 * 2 * hidden + 64, device=device).to(torch.bfloat16)[:, :6 * hidden].unflatten(1, (3, 2 * hidden))
-    cfg = fwd_config(hidden, torch.bfloat16, torch.bfloat16).replace(tma_stages=3)
+    # 30 rows in tiles of 4 over one program (a simulated 1-SM GPU): several tiles a program
+    cfg = fwd_config(hidden, torch.bfloat16, torch.bfloat16).replace(tma_stages=3, block_m=4, ctas_per_sm=1)
     made = record_descriptors(monkeypatch)
     for x, copied in ((buf[:, 1:], True), (heads[..., :hidden], False)):
-        with configs.override(forward=cfg):
+        with configs.override(forward=cfg), simulate_sm_count(1):
             got = trainnorm.rms_norm_forward(x, w, EPS)
             assert len(made) == copied and all(a[0].is_contiguous() for a in made)
             made.clear()

@@ -360,8 +360,12 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     648.9 -> 155.6), H2560 188.4 -> 118.4, H3584 206.3 -> 137.7, H5376 266.4 -> 206.5,
     [T,8,128] as 131072 rows of 128 136.0 -> 50.1. The earlier rule gave each thread 8
     elements of a tile of 2048 with plain loads: up to 4x behind torch.compile. Now:
-    - 16 elements a thread, with the rows of a tile fed by tensor descriptors 3 deep
-      (plain loads where the rows do not allow descriptors), as every measured entry;
+    - 16 elements a thread, with the rows of a tile fed by tensor descriptors (plain loads
+      where the rows do not allow descriptors), as every measured entry, 4 deep: against
+      3 deep on an H100 at T 4096-65536 (docs/benchmarks/tune/h100-defaults.txt; us, 3 -> 4
+      deep) H768 T4096 17.4 -> 17.0, H896 18.8 -> 17.9, H1024 19.5 -> 19.3, H1024 T65536
+      155.2 -> 151.7, H2304 T16384 104.5 -> 96.6, H2560 115.6 -> 112.4, H5376 207.0 -> 203.1,
+      [T,24,64] T4096 24.6 -> 24.7, H3584 137.5 -> 139.2, H7168 259.5 -> 262.5;
     - rows of 2048-4096 columns two at a time (bm1 w8: 139.2 us at H2560, bm2 w16 118.4;
       2048 unmeasured);
     - tiles of 512 columns or fewer sum dw over the tile's rows in float64 per element
@@ -399,7 +403,7 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
     wide = block_n >= 8192
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
                              max_chunks=132 if wide else 256, dw_2d=dw_2d),
-                     windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=3))
+                     windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=4))
 
 
 def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
