@@ -469,7 +469,10 @@ def test_forward_reads_a_float32_stream_plainly(device, monkeypatch):
     r = torch.randn(41, hidden, device=device)
     w = torch.randn(hidden, device=device).to(torch.bfloat16)
     made = record_descriptors(monkeypatch)
-    with configs.override(forward=fwd_config(hidden).replace(tma_stages=3)):
+    # 41 rows in tiles of 4 over one program (a simulated 1-SM GPU): the descriptor form's
+    # launch, several tiles a program
+    cfg = fwd_config(hidden).replace(tma_stages=3, block_m=4, ctas_per_sm=1)
+    with configs.override(forward=cfg), simulate_sm_count(1):
         y, rstd, h = trainnorm.rms_norm_forward(x, w, EPS, residual=r)
         assert not made
         check_forward(x, w, EPS, r, y, rstd, h)
