@@ -958,6 +958,11 @@ def default_edits(hidden: int) -> tuple[dict, dict]:
                          ("two pieces", b2 > 0 and ft.block_n >= hidden, dict(block_n=b1, block_n2=b2))):
         if ok:
             fwd[name] = f.replace(**kw)
+    # programs of one warp, 1-4 rows each (no row's sum across warps; torch.compile's choice
+    # at H 768-1024: a warp a row)
+    for bm in (1, 2, 4):
+        if ft.num_warps > 1 and bm * ft.block_n <= 4096 and bm * ft.block_n >= 32 * 4:
+            fwd[f"bm{bm} w1"] = f.replace(block_m=bm, num_warps=1, rows_block_m=())
     fwd.update(schedule_edits(f, hidden))
     tiles = f.col_tiles(hidden)
     own = plan_mod.weight_read(f, tiles)
