@@ -16,6 +16,13 @@ cudaProfilerStart and cudaProfilerStop, after a marker kernel
 ncu flushes the caches before each kernel (--cache-control all), as the bench
 flushes L2 before each replay. Without ncu (--launch-floor) it times, by the
 bench's method, a CUDA graph of one Triton kernel that stores one element.
+
+A peer that picks its config by timing at its first call (torch.compile's
+reductions, QuACK's autotune) picks it here under ncu, and may pick another
+than the bench did: at [T,24,64] T4096 (H100) ncu_rows's torch.compile forward
+was one 61.9 us kernel of 98,304 programs where the bench's replay of it reads
+13.6 us. Counters of a peer are those of the kernel named in the table, which
+need not be the one the bench timed; trainnorm's configs come from its table.
 """
 from __future__ import annotations
 
