@@ -402,4 +402,8 @@ def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_pat
         assert {"plain loads", "plain loads weight rows", "plain loads weight late"} <= set(got["times"])
         assert got["configs"]["plain loads weight rows"]["tma_stages"] == 0
         assert f"plain fwd H6144{res} rows 3" in raw
+        # the backward's entry (descriptors 4 deep) against plain loads and the other depths
+        bwd = raw[f"plain bwd H6144{res} rows 3"]
+        assert set(bwd["times"]) == {"entry", "plain loads", "plain loads prefetch", "tma2", "tma3"}
+        assert bwd["configs"]["plain loads prefetch"]["tma_stages"] == 0
     assert not (tmp_path / "sm_90.json").exists()

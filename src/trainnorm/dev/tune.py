@@ -62,7 +62,10 @@ them.
 holds at the width (plain and float32 weight, without and with a residual)
 against the edits that keep its bits: rows per tile, the descriptor form's depth
 and programs per SM, and for a descriptor entry plain loads with each weight
-read. Raw times to probe-schedule.json and the log; no table is written.
+read; and the backward's entry (deterministic, without and with the residual
+stream's gradient) against its load forms: plain loads with and without the
+prefetch, the other descriptor depths. Raw times to probe-schedule.json and the
+log; no table is written.
 
 --probe-stream times the backward of a float32 residual stream under bf16
 activations (the explicit and the autograd entry points) at its 16-bit key's
@@ -992,15 +995,35 @@ def schedule_edits(cfg: FwdConfig, hidden: int) -> dict:
     return out
 
 
+def bwd_schedule_edits(cfg: BwdConfig) -> dict:
+    """{name: BwdConfig}: the backward's load forms, which keep its bits (compile_check
+    --load-forms): plain loads with and without the next tile's prefetch, and the other
+    descriptor depths (plan.CHUNK_STAGES still caps them at a chunk's row tiles)."""
+    s = cfg.schedule
+    out = {}
+    if cfg.tile.block_n2:
+        return out
+    if s.tma_stages:
+        out["plain loads"] = cfg.replace(tma_stages=0, prefetch=False)
+        out["plain loads prefetch"] = cfg.replace(tma_stages=0, prefetch=True)
+    for st in (2, 3, 4):
+        if st != s.tma_stages:
+            out[f"tma{st}"] = cfg.replace(tma_stages=st, prefetch=False)
+    return out
+
+
 # rows of the bench's float32-weight rows and their small-T neighbours
 SCHEDULE_PROBE_CASES = tuple((h, t) for h in (5120, 6144) for t in (1, 16, 256, 1024, 4096, 16384))
 
 
 def probe_schedule(run: Run, cases=SCHEDULE_PROBE_CASES) -> None:
     """Time each forward entry the table holds at a case's width (plain and float32 weight;
-    without and with a residual) against the edits that keep its bits (schedule_edits),
-    candidates interleaved; raw times to probe-schedule.json. Writes no table."""
+    without and with a residual) against the edits that keep its bits (schedule_edits), and
+    the backward's entry (deterministic; without and with the residual stream's gradient)
+    against its load forms (bwd_schedule_edits); candidates interleaved, a candidate whose
+    outputs are not the entry's bits left out. Raw times to probe-schedule.json; no table."""
     for hidden, rows in cases:
+        _probe_bwd_schedule(run, hidden, rows)
         for kind in ("plain", "weight_fp32"):
             key = configs.forward_key(hidden, ELT, 4 if kind == "weight_fp32" else 2)
             if kind == "weight_fp32" and tables.lookup("forward", key) is None:
@@ -1024,6 +1047,34 @@ def probe_schedule(run: Run, cases=SCHEDULE_PROBE_CASES) -> None:
                 run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
                 run.save("probe-schedule.json")
                 del x, r, w, fns, outs
+
+
+def _probe_bwd_schedule(run: Run, hidden: int, rows: int) -> None:
+    own = configs.backward_config(configs.backward_key(hidden, ELT))
+    cands = {"entry": own, **bwd_schedule_edits(own)}
+    x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+    dy = torch.randn_like(x)
+    _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+    ws = _workspace(own, hidden, rows, True, run.device, False)
+    for res in (False, True):
+        dh = torch.randn_like(x) if res else None
+
+        def call(cfg):
+            with configs.override(backward=only(hidden, "plain", cfg)):
+                return trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh, deterministic=True, workspace=ws)
+        fns = {name: (lambda cfg=cfg: call(cfg)) for name, cfg in cands.items()}
+        outs = {name: fn() for name, fn in fns.items()}
+        what = f"plain bwd H{hidden}{' res' if res else ''} rows {rows}"
+        for name, out in outs.items():
+            if not all(torch.equal(a, b) for a, b in zip(out, outs["entry"]) if a is not None):
+                run.log(f"  {what} {name}: dx or dw differs from the entry's; not timed")
+                fns.pop(name)
+        times = time_fns(fns, run.flush, captures=captures(rows, hidden))
+        run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+        run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
+        run.save("probe-schedule.json")
+        del fns, outs, dh
 
 
 # the gated forward's rule, at the gated rows of the bench: H 4096 and [T,32,128] (rows = T x 32)
