@@ -1037,16 +1037,22 @@ def probe_schedule(run: Run, cases=SCHEDULE_PROBE_CASES) -> None:
                     torch.float32 if kind == "weight_fp32" else torch.bfloat16)
                 fns = {name: (lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, kind, r)) for name, cfg in cands.items()}
                 outs = {name: fn()[:1] for name, fn in fns.items()}
-                what = f"{kind} fwd H{hidden}{' res' if res else ''} rows {rows}"
-                for name, out in outs.items():
-                    if not torch.equal(out[0], outs["entry"][0]):
-                        run.log(f"  {what} {name}: y differs from the entry's; not timed")
-                        fns.pop(name)
-                times = time_fns(fns, run.flush, captures=captures(rows, hidden))
-                run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
-                run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
-                run.save("probe-schedule.json")
+                _time_bit_equal(run, f"{kind} fwd H{hidden}{' res' if res else ''} rows {rows}", fns, outs, cands,
+                                captures(rows, hidden))
                 del x, r, w, fns, outs
+
+
+def _time_bit_equal(run: Run, what: str, fns: dict, outs: dict, cands: dict, n_captures: int) -> None:
+    """Time the candidates whose outputs are the entry's bits (the others logged, not timed);
+    log the times fastest first and keep them, with the configs, in probe-schedule.json."""
+    for name, out in outs.items():
+        if not all(torch.equal(a, b) for a, b in zip(out, outs["entry"]) if a is not None):
+            run.log(f"  {what} {name}: outputs differ from the entry's; not timed")
+            fns.pop(name)
+    times = time_fns(fns, run.flush, captures=n_captures)
+    run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+    run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
+    run.save("probe-schedule.json")
 
 
 def _probe_bwd_schedule(run: Run, hidden: int, rows: int) -> None:
@@ -1065,15 +1071,8 @@ def _probe_bwd_schedule(run: Run, hidden: int, rows: int) -> None:
                 return trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh, deterministic=True, workspace=ws)
         fns = {name: (lambda cfg=cfg: call(cfg)) for name, cfg in cands.items()}
         outs = {name: fn() for name, fn in fns.items()}
-        what = f"plain bwd H{hidden}{' res' if res else ''} rows {rows}"
-        for name, out in outs.items():
-            if not all(torch.equal(a, b) for a, b in zip(out, outs["entry"]) if a is not None):
-                run.log(f"  {what} {name}: dx or dw differs from the entry's; not timed")
-                fns.pop(name)
-        times = time_fns(fns, run.flush, captures=captures(rows, hidden))
-        run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
-        run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
-        run.save("probe-schedule.json")
+        _time_bit_equal(run, f"plain bwd H{hidden}{' res' if res else ''} rows {rows}", fns, outs, cands,
+                        captures(rows, hidden))
         del fns, outs, dh
 
 
