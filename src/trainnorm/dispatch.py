@@ -66,20 +66,19 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             # a float32 residual stream beside 16-bit x: plain loads (the backward's
             # descriptor form of that stream was measured, not the forward's)
             mixed = rv is not None and rv.element_size() != x.element_size()
-            stages = 0 if mixed else descriptor_stages(cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt),
-                                                       elt=x.element_size(), block_n=cfg.block_n, hidden=hidden)
             tiles = cdiv(rows, block_m)
-            grid = cfg.ctas_per_sm * sm_count(x.device)
-            if tiles <= grid:
-                # one row tile a program: nothing for the descriptor form's pipeline to overlap,
-                # and its copies through shared memory cost more than plain loads. H100, bf16
-                # (trainnorm.dev.tune --probe-schedule; docs/benchmarks/tune/h100-schedule.txt), us,
-                # descriptors (the entry) -> plain loads: H6144 float32 weight (tma4, 2 programs
-                # per SM), rows 1 5.89 -> 4.96, 16 6.18 -> 5.31, 256 8.42 -> 7.81, with a residual
-                # 256 10.34 -> 9.26, while at 512 rows (two tiles a program) descriptors led,
-                # 10.48 against 11.36; H1536 (tma3, 4 per SM) rows 64 5.17 -> 5.02, 512 6.37 ->
-                # 6.08, 1024 7.57 -> 7.22
-                stages = 0
+            # the persistent grid of a descriptor config. Where it has no fewer programs than
+            # there are row tiles (one tile a program) the rows are read plainly: nothing for
+            # the descriptor form's pipeline to overlap, and its copies through shared memory
+            # cost more than plain loads. H100, bf16 (trainnorm.dev.tune --probe-schedule;
+            # docs/benchmarks/tune/h100-schedule.txt), us, descriptors (the entry) -> plain
+            # loads: H6144 float32 weight (tma4, 2 programs per SM), rows 1 5.89 -> 4.96, 16
+            # 6.18 -> 5.31, 256 8.42 -> 7.81, with a residual 256 10.34 -> 9.26, while at 512
+            # rows (two tiles a program) descriptors led, 10.48 against 11.36; H1536 (tma3, 4
+            # per SM) rows 64 5.17 -> 5.02, 512 6.37 -> 6.08, 1024 7.57 -> 7.22
+            grid = cfg.ctas_per_sm * sm_count(x.device) if cfg.tma_stages else tiles
+            stages = 0 if mixed or tiles <= grid else descriptor_stages(
+                cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt), elt=x.element_size(), block_n=cfg.block_n, hidden=hidden)
             if stages:
                 desc_x = row_descriptor(xv, sxt, rows, hidden, block_m, cfg.block_n)
                 desc_r = row_descriptor(rv, srt, rows, hidden, block_m, cfg.block_n) if rv is not None else None
