@@ -1043,16 +1043,13 @@ def probe_schedule(run: Run, cases=SCHEDULE_PROBE_CASES) -> None:
 
 
 def _time_bit_equal(run: Run, what: str, fns: dict, outs: dict, cands: dict, n_captures: int) -> None:
-    """Time the candidates whose outputs are the entry's bits (the others logged, not timed);
-    log the times fastest first and keep them, with the configs, in probe-schedule.json."""
+    """Time the candidates whose outputs are the entry's bits (the others logged, not timed),
+    recorded as _record_probe does, in probe-schedule.json."""
     for name, out in outs.items():
         if not all(torch.equal(a, b) for a, b in zip(out, outs["entry"]) if a is not None):
             run.log(f"  {what} {name}: outputs differ from the entry's; not timed")
             fns.pop(name)
-    times = time_fns(fns, run.flush, captures=n_captures)
-    run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
-    run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
-    run.save("probe-schedule.json")
+    _record_probe(run, what, time_fns(fns, run.flush, captures=n_captures), cands, "probe-schedule.json")
 
 
 def _probe_bwd_schedule(run: Run, hidden: int, rows: int) -> None:
@@ -1116,12 +1113,12 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
-def _record_probe(run: Run, what: str, times: dict, cands: dict) -> None:
+def _record_probe(run: Run, what: str, times: dict, cands: dict, file: str = "probe-defaults.json") -> None:
     """Log a probe's times (fastest first) and keep them, with each timed config's fields,
-    in probe-defaults.json."""
-    run.log(f"{what}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+    in `file` under the run's folder."""
+    run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
     run.raw[what] = {"times": times, "configs": {k: cands[k].fields() for k in times}}
-    run.save("probe-defaults.json")
+    run.save(file)
 
 
 def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
