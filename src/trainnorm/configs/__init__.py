@@ -178,9 +178,9 @@ class FwdSchedule:
     # when a program with plain loads reads the weight (kernels/forward.py, WEIGHT):
     # "rows" beside the first row tile's loads (both in flight together; a row walked in
     # column tiles then walks statically, holding the weight), "late" after the row's sum
-    # of squares (no registers held for it while the rows are in flight), "early" before
-    # the tile loop (one-tile form; its float32 conversion there makes the rows' loads wait
-    # for it). "": plan.py's rule. Descriptor loads always read it once per program.
+    # of squares (no registers held for it while the rows are in flight), "early" ahead of
+    # the rows' loads, as stored (one-tile form: one tile a program, no loop). "": plan.py's
+    # rule. Descriptor loads always read it once per program, in float32.
     # Timing only: the same products in the same order.
     weight_read: str = ""
 

@@ -12,20 +12,22 @@ or, with GATE_FIRST, u = f32(h) * a(z) normalised in place of h:
 
 The forms (plan.py picks one from the row width and the tile):
 
-- `fwd_one_tile_kernel`: a row fits one tile of BLOCK_N columns. Program pid
-  takes row tiles pid, pid + grid, ... of BLOCK_M rows. WEIGHT says when the
-  weight is read: "early", once per program before the tile loop (the
-  descriptor form, whose programs take several tiles; with plain loads its
-  float32 conversion before the loop makes the first rows' loads wait for
-  it); "rows", in each tile's iteration beside the rows' loads (both in
-  flight together, converted after them); "late", after the tile's sum of
-  squares (no registers held for it while the rows are in flight).
+- `fwd_one_tile_kernel`: a row fits one tile of BLOCK_N columns (`_row_tile`
+  computes a tile of BLOCK_M rows). With plain loads the grid has one program
+  per row tile and no loop: nothing is loop-invariant, so the compiler hoists
+  no conversion ahead of the rows' loads, and the program holds no loop
+  barrier. WEIGHT says when such a program reads the weight: "early", as
+  stored before the rows (converted after their sum); "rows", beside the
+  rows' loads; "late", after the tile's sum of squares (no registers held for
+  it while the rows are in flight). Programs of the descriptor form take row
+  tiles pid, pid + grid, ... and read the weight once, in float32, before
+  their tile loop.
   With TMA_STAGES (one-level rows with 16-byte aligned strides, Hopper and
   later) x (and r) are read through tensor descriptors (DESC_X, DESC_R: [rows,
   H] with a [BLOCK_M, BLOCK_N] block) by the bulk copy engine into shared
   memory and the tile loop is software-pipelined TMA_STAGES deep, the grid a
   few programs per SM: several row tiles in flight per program without
-  holding registers. Without it the grid has one program per tile. Every tile
+  holding registers. Every tile
   is computed the same way in both load forms, whichever program takes it:
   the bits do not change. With BLOCK_N2 > 0 a row is held as two pieces of
   BLOCK_N and BLOCK_N2 columns (plain loads), its sum of squares the sum of
@@ -89,17 +91,17 @@ def _with_gate(b_h, Z, o_z, mask, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, WEIGHT: tl.constexpr,
+def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, WEIGHT: tl.constexpr, CONVERTED: tl.constexpr,
              GATE_AFTER: tl.constexpr, W_OFFSET: tl.constexpr):
-    """y of a tile (or a piece) of rows, stored; the weight is b_w (read before: float32
-    "early", as stored "rows") or read now ("late")."""
+    """y of a tile (or a piece) of rows, stored; the weight is b_w (read before: float32 with
+    CONVERTED, else as stored) or read now ("late")."""
     if W is not None:
-        if WEIGHT == "late":
-            b_wt = load_weight(W, o_c, m_c, W_OFFSET)
-        elif WEIGHT == "rows":
-            b_wt = weight_values(b_w, W_OFFSET)
-        else:
+        if CONVERTED:
             b_wt = b_w
+        elif WEIGHT == "late":
+            b_wt = load_weight(W, o_c, m_c, W_OFFSET)
+        else:
+            b_wt = weight_values(b_w, W_OFFSET)
     else:
         b_wt = None
     b_y = _normalise(b_h, b_rstd, b_wt, b_a, GATE_AFTER)
@@ -123,61 +125,82 @@ def fwd_one_tile_kernel(
     WEIGHT: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    o_mb = tl.arange(0, BLOCK_M)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
     if BLOCK_N2 > 0:
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
         m_n2 = o_n2 < n_cols
-    b_w = tl.zeros([1, 1], dtype=tl.float32)
-    b_w2 = b_w
-    if W is not None and WEIGHT == "early":
-        b_w = load_weight(W, o_n, m_n, W_OFFSET)
-        if BLOCK_N2 > 0:
-            b_w2 = load_weight(W, o_n2, m_n2, W_OFFSET)
-    for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
-        m0 = tile * BLOCK_M
-        o_m = m0 + o_mb
-        m_m = o_m < rows
-        mask = m_m[:, None] & m_n[None, :]
-        o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
-                                              stride_zt, stride_zh, n_cols, TWO_LEVEL)
-        if W is not None and WEIGHT == "rows":
-            # issued before the rows' loads and converted after them (_store_y): a
-            # conversion right here would make the rows' loads wait for the weight
+    else:
+        o_n2 = o_n
+        m_n2 = m_n
+    if TMA_STAGES is not None:
+        # a persistent program: the weight converted once, then its row tiles pipelined
+        b_w = tl.zeros([1, 1], dtype=tl.float32)
+        if W is not None:
+            b_w = load_weight(W, o_n, m_n, W_OFFSET)
+        for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
+            _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, b_w, b_w, rows, n_cols, NH,
+                      stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
+                      BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, True, "early")
+    else:
+        # one program, one row tile, no loop: nothing loop-invariant for the compiler to
+        # hoist, so a weight read "early" is issued ahead of the rows and converted after them
+        r_w = tl.zeros([1, 1], dtype=tl.float32)
+        r_w2 = r_w
+        if W is not None and WEIGHT == "early":
             r_w = weight_as_stored(W, o_n, m_n)
-            r_w2 = r_w
             if BLOCK_N2 > 0:
                 r_w2 = weight_as_stored(W, o_n2, m_n2)
-        else:
-            r_w = b_w
-            r_w2 = b_w2
-        if TMA_STAGES is not None:
-            # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
-            # software pipeline); rows and columns past the tensor read as zero
-            r_x = DESC_X.load([m0, 0])
-            if R is not None:
-                r_r = DESC_R.load([m0, 0])
-            else:
-                r_r = None
-            b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, True)
-        else:
-            b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :], mask, True)
-        b_h, b_a = _with_gate(b_h, Z, o_z + o_n[None, :], mask, GATE, GATE_FIRST)
+        _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, pid, r_w, r_w2, rows, n_cols, NH,
+                  stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
+                  BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, False, WEIGHT)
+
+
+@triton.jit
+def _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, r_w, r_w2, rows, n_cols, NH,
+              stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
+              BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr,
+              GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr, DESCRIPTORS: tl.constexpr, WEIGHT: tl.constexpr):
+    """Row tile `tile` of the one-tile form: y, rstd (and h) of its BLOCK_M rows. The weight r_w (r_w2:
+    the second piece's) is float32 with DESCRIPTORS, else as stored where WEIGHT is "early"."""
+    m0 = tile * BLOCK_M
+    o_m = m0 + tl.arange(0, BLOCK_M)
+    m_m = o_m < rows
+    mask = m_m[:, None] & m_n[None, :]
+    o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
+                                          stride_zt, stride_zh, n_cols, TWO_LEVEL)
+    if W is not None and WEIGHT == "rows":
+        # issued before the rows' loads and converted after them (_store_y): a
+        # conversion right here would make the rows' loads wait for the weight
+        r_w = weight_as_stored(W, o_n, m_n)
+        r_w2 = r_w
         if BLOCK_N2 > 0:
-            # the row's second piece (plain loads)
-            mask2 = m_m[:, None] & m_n2[None, :]
-            q_h = load_h(X, R, H_OUT, o_x + o_n2[None, :], o_r + o_n2[None, :], o_out + o_n2[None, :], mask2, True)
-            q_h, q_a = _with_gate(q_h, Z, o_z + o_n2[None, :], mask2, GATE, GATE_FIRST)
-            b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
+            r_w2 = weight_as_stored(W, o_n2, m_n2)
+    if DESCRIPTORS:
+        # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
+        # software pipeline); rows and columns past the tensor read as zero
+        r_x = DESC_X.load([m0, 0])
+        if R is not None:
+            r_r = DESC_R.load([m0, 0])
         else:
-            b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
-        _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT,
-                 GATE is not None and not GATE_FIRST, W_OFFSET)
-        if BLOCK_N2 > 0:
-            _store_y(Y, W, r_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, WEIGHT,
-                     GATE is not None and not GATE_FIRST, W_OFFSET)
-        tl.store(RSTD + o_m, b_rstd, mask=m_m)
+            r_r = None
+        b_h = add_residual(r_x, r_r, H_OUT, o_out + o_n[None, :], mask, True)
+    else:
+        b_h = load_h(X, R, H_OUT, o_x + o_n[None, :], o_r + o_n[None, :], o_out + o_n[None, :], mask, True)
+    b_h, b_a = _with_gate(b_h, Z, o_z + o_n[None, :], mask, GATE, GATE_FIRST)
+    if BLOCK_N2 > 0:
+        # the row's second piece (plain loads)
+        mask2 = m_m[:, None] & m_n2[None, :]
+        q_h = load_h(X, R, H_OUT, o_x + o_n2[None, :], o_r + o_n2[None, :], o_out + o_n2[None, :], mask2, True)
+        q_h, q_a = _with_gate(q_h, Z, o_z + o_n2[None, :], mask2, GATE, GATE_FIRST)
+        b_rstd = rstd_of_rows(b_h, q_h, n_cols, eps)
+    else:
+        b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
+    gate_after: tl.constexpr = GATE is not None and not GATE_FIRST
+    _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET)
+    if BLOCK_N2 > 0:
+        _store_y(Y, W, r_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET)
+    tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
 @triton.jit
