@@ -116,8 +116,14 @@ def rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps):
     is finite get exactly rstd_from_sumsq's bits."""
     b_big = b_ss == float("inf")
     b_rs = rstd_from_sumsq(tl.where(b_big, 0.0, b_ss), n_cols, eps)
-    b_rb = tl.div_rn(SCALE_DOWN, tl.sqrt_rn(tl.where(b_big, b_ss_scaled, 1.0) / n_cols
-                                            + (eps * SCALE_DOWN) * SCALE_DOWN))
+    # eps s^2 added as one written-out multiply-add: left to the compiler, the product was
+    # fused into the addition where both sat in one block (the one-tile form with plain
+    # loads) and rounded on its own where the product was hoisted out of a loop (the
+    # descriptor form), so the two load forms had different arithmetic (compile_check
+    # --load-forms, Triton 3.9). The exact product is below 2**-149 for any eps under 2**43,
+    # far under an overflowing row's scaled mean: the same bits as the rounded product.
+    b_rb = tl.div_rn(SCALE_DOWN, tl.sqrt_rn(tl.fma(eps * SCALE_DOWN, SCALE_DOWN,
+                                                   tl.where(b_big, b_ss_scaled, 1.0) / n_cols)))
     return tl.where(b_big, b_rb, b_rs)
 
 
