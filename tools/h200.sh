@@ -18,7 +18,11 @@ phase="$1"; shift
 d="$OUT/$phase"; mkdir -p "$d"
 case "$phase" in
   test)   # WORKERS pytest-xdist workers share the GPU for all but the bigmem tests, which then
-          # run alone, one after another (tests/conftest.py)
+          # run alone, one after another (tests/conftest.py). The suite sees src/ alone: with the
+          # bench's peers on the path (peer-env.sh b), transformers' Qwen3-Next ran fla's gated
+          # delta rule on the CPU model of tests/test_integrations.py, and Triton refused the
+          # CPU tensors (the run of 2026-12-06 at 99e8565)
+          export PYTHONPATH="$PWD/src"
           par=(); python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-4}" -gt 1 ] && par=(-n "${WORKERS:-4}")
           # both passes run whatever the first gives; their summaries are repeated at the end
           { timeout "${LIMIT:-480}" python3 -m pytest -q "${par[@]}" -m "not bigmem" tests "$@"
