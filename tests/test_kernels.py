@@ -792,6 +792,23 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
         cfg.replace(weight_read="first")
 
 
+def test_forward_weight_read_rule():
+    # where a config names no weight read, the one-tile form reads the weight ahead of the rows
+    # in tiles of at most 512 columns a warp and beside the rows' loads past that, up to 8192
+    # columns (plan.py's measurements); with a gate always after the sum
+    base = configs.FwdConfig(configs.FwdTile(block_m=1, block_n=2048, num_warps=4))
+    assert plan.weight_read(base, 1) == "early"
+    assert plan.weight_read(base.replace(block_n=4096), 1) == "rows"
+    assert plan.weight_read(base.replace(block_n=8192, num_warps=8), 1) == "rows"
+    assert plan.weight_read(base.replace(block_n=16384, num_warps=16), 1) == "late"   # unmeasured, spills
+    assert plan.weight_read(base.replace(block_n=8192), 1, gated=True) == "late"
+    assert plan.weight_read(base.replace(block_n=4096, weight_read="late"), 1) == "late"
+    # the unseen widths' rule configs (configs.default_forward) that hold a row in one tile
+    for hidden in (768, 2304, 3584, 5376, 7168):
+        cfg = configs.default_forward(hidden, 2)
+        assert plan.weight_read(cfg, cfg.col_tiles(hidden)) in ("early", "rows"), hidden
+
+
 PIECES_CASES = {   # name: (lead, hidden, make_case kwargs, gate)
     "plain": ((37,), 96, {}, None),                      # 64 + 32 columns, none masked
     "masked second piece": ((37,), 80, {}, None),        # 64 + 32 holding 80

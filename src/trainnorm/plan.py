@@ -54,17 +54,30 @@ class DwForm(str, Enum):
 # --- forward ----------------------------------------------------------------------------
 
 # Where a config names no weight_read (configs.FwdSchedule), the one-tile forward with
-# plain loads reads the weight before the rows (kernels/forward.py, WEIGHT "early")
-# where that holds at most 16 weight values a thread: on the H200 (trainnorm.dev.tune
-# --sweep-fwd) H 2048 bm1 w4 (16 a thread) read early was the best plain tile
-# (T1 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
-# trainnorm.dev.compile_check) took 535.9 us at T 65536 against 388.5 read late. The
-# descriptor form always reads it early: once per program, no row tile in registers.
+# plain loads (one program a row tile, no loop) reads the weight ahead of the rows
+# (kernels/forward.py, WEIGHT "early") where that holds at most 16 weight values a thread,
+# and beside the rows' loads ("rows") in wider tiles. H100, trainnorm.dev.tune
+# --probe-defaults at 99e8565 (docs/benchmarks/tune/h100-defaults-99e8565.txt), us, the
+# weight read after the sum of squares ("late", the rule before) -> beside the rows:
+# H2304 T4096 18.98 -> 18.67, T16384 56.69 -> 55.68, T65536 205.82 -> 204.29; H2560 T4096
+# 20.93 -> 19.66, T16384 62.46 -> 61.95; H3584 T4096 26.18 -> 25.41, T16384 84.69 -> 83.94;
+# H3840 T4096 27.63 -> 26.59; H7168 T4096 45.54 -> 45.10 (early 44.62); H5376 T16384 122.51
+# -> 122.13. "late" was the rule while the one-tile form ran its tile in the descriptor form's
+# loop, where "early" meant a float32 weight converted before the loop and held through it:
+# on the H200 (--sweep-fwd) H 2048 bm1 w4 (16 a thread) read so was the best plain tile (T1
+# 4.45 us), while H 6144 bm1 w4 (64 a thread: 167 registers instead of 118,
+# trainnorm.dev.compile_check) took 535.9 us at T 65536 against 388.5 read late.
+# The descriptor form always reads it once per program, in float32: no row tile in registers.
 # Not with a gate: z, a(z) and the weight held together took the gated H 4096
 # bm2 w8 tile to 174-178 registers (trainnorm.dev.compile_check; 90-94 without the
 # gate), one 8-warp program per SM, and `trainnorm bench` to 765 us at T 65536 (50% of
 # the floor) where the weight read late had run 391 us (docs/benchmarks/h200.md).
 EARLY_WEIGHT_COLS_PER_WARP = 512
+# The weight beside the rows was measured in tiles up to 8192 columns (above). A tile of
+# 16384 (rows past 8192 columns in one tile, 16 warps, at most 128 registers a thread)
+# spills 8-16 bytes so under Triton 3.6 (trainnorm.dev.compile_check, H 8200) and was not
+# timed: it keeps the read after the sum of squares.
+ROWS_WEIGHT_MAX_COLS = 8192
 # Rows walked in up to this many tiles have both walks unrolled (kernels/forward.py,
 # COL_UNROLL): the widths trainnorm.dev.tune --sweep-fwd times these two-pass forms at
 # (FWD_CHUNK_MAX_TILES). Wider rows keep rolled loops, an unmeasured choice.
@@ -112,7 +125,9 @@ def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False) -> str:
         return "rows" if cfg.weight_read == "rows" and col_tiles <= FWD_COL_UNROLL_MAX else "late"
     if cfg.weight_read:
         return cfg.weight_read
-    return "early" if cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps else "late"
+    if cfg.block_n <= EARLY_WEIGHT_COLS_PER_WARP * cfg.num_warps:
+        return "early"
+    return "rows" if cfg.block_n <= ROWS_WEIGHT_MAX_COLS else "late"
 
 
 # Plans are looked up on every call: cached, except inside configs.override(...)

@@ -124,6 +124,9 @@ def _case(lead, hidden, dtype, wdt, layout="contig"):
 DTYPES = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16),
           (torch.float32, torch.float32))
 ODD_WIDTHS = (1, 1000, 8200, 65536)
+# widths the table does not hold whose rule tiles (configs.default_forward / default_backward)
+# no other width reaches: 4096 columns at 4 warps, 8192 at 8
+UNSEEN_WIDTHS = (2304, 5376)
 # row counts: one row (one chunk), 32 (column-slice dw), 300 (chunks and the combine),
 # 70000 (the atomic form where the table takes it)
 ROWS = (1, 32, 300, 70000)
@@ -707,7 +710,7 @@ def collect(args, target) -> Launches:
             if quick:
                 exercise_quick()
             else:
-                exercise(sorted(set(table_widths()) | set(ODD_WIDTHS)))
+                exercise(sorted(set(table_widths()) | set(ODD_WIDTHS) | set(UNSEEN_WIDTHS)))
         if args.only in (None, "slices"):
             exercise_slices(**(dict(widths=(4096,), tiles=((16, 64, False, 0), (64, 32, True, 0), (16, 64, True, 3))) if quick else {}))
         if args.only in (None, "fwd-tma"):
