@@ -778,8 +778,12 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
     outs = {}
     for read in ("early", "rows", "late"):
         use_configs(forward=cfg.replace(weight_read=read))
-        # with a gate always after the sum of squares (plan.weight_read)
+        # with a gate after the sum of squares whatever weight_read says (plan.weight_read)
         assert plan.forward_plan(hidden, torch.bfloat16, w_dtype, variant).weight == ("late" if gate else read)
+        if gate:
+            # ... and where gate_weight_read says
+            use_configs(forward=cfg.replace(weight_read=read, gate_weight_read=read))
+            assert plan.forward_plan(hidden, torch.bfloat16, w_dtype, variant).weight == read
         outs[read] = fwd()
     for read in ("rows", "late"):
         for a, b, n in zip(outs["early"], outs[read], ("y", "rstd", "h")):
@@ -790,6 +794,8 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
         assert_close64(outs["rows"][0], y64, "y")
     with pytest.raises(ValueError, match="weight_read"):
         cfg.replace(weight_read="first")
+    with pytest.raises(ValueError, match="gate_weight_read"):
+        cfg.replace(gate_weight_read="first")
 
 
 def test_forward_weight_read_rule():

@@ -333,6 +333,9 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert set(got["times"]) == set(cands) and {"rule", "plain tile", "w/2"} <= set(cands)
         if hidden == 4096:    # the rule's one-row tile: two rows a tile at every count, and descriptor loads
             assert {"rows 2", "tma3 c2", "tma3 c4"} <= set(cands)
+        # the weight read ahead of / beside the rows against the rule's read after the sum
+        assert {"weight early", "weight rows"} <= set(cands)
+        assert cands["weight rows"].gate_weight_read == "rows" and cands["rule"].gate_weight_read == ""
         assert got["configs"]["rule"] == _as_stored(
             configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields())
         assert got["configs"]["plain tile"] == _as_stored(configs.forward_config(configs.forward_key(hidden, 2)).fields())

@@ -112,13 +112,14 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ar
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False) -> str:
     """When programs with plain loads read the weight: the config's weight_read where its
-    form takes it, else the rule above. With a gate always after the sum of squares (the
-    rule above): the gated forward takes the plain entries' tiles (configs.gated_forward_from_plain,
-    or a float32 weight's own entry), whose reads were timed without z and a(z) held beside
-    the weight (trainnorm.dev.tune --sweep-weight; under Triton 3.6 the H 2048 float32-weight
-    gated tile read beside the rows spilled 4 bytes, compile_check)."""
+    form takes it, else the rule above. With a gate after the sum of squares (the rule
+    above) unless the config's gate_weight_read names a one-tile read: the gated forward
+    takes the plain entries' tiles (configs.gated_forward_from_plain, or a float32 weight's
+    own entry), whose reads were timed without z and a(z) held beside the weight
+    (trainnorm.dev.tune --sweep-weight; under Triton 3.6 the H 2048 float32-weight gated
+    tile read beside the rows spilled 4 bytes, compile_check)."""
     if gated:
-        return "late"
+        return (cfg.gate_weight_read or "late") if col_tiles == 1 else "late"
     if col_tiles > 1:
         # the column-tile form holds the weight beside its first walk only where that walk is
         # unrolled (a tile's weight per tile of the row); "early" is the one-tile form's

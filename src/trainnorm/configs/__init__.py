@@ -183,10 +183,15 @@ class FwdSchedule:
     # rule. Descriptor loads always read it once per program, in float32.
     # Timing only: the same products in the same order.
     weight_read: str = ""
+    # the same for the gated forward's one-tile form ("": after the sum of squares, the rule:
+    # plan.weight_read). Its own field: the gated forward takes the plain entries' tiles, whose
+    # weight_read was timed without z and a(z) beside the weight. Timing only.
+    gate_weight_read: str = ""
 
     def __post_init__(self):
-        if self.weight_read not in WEIGHT_READS:
-            raise ValueError(f"weight_read must be one of {WEIGHT_READS}, got {self.weight_read!r}")
+        for name in ("weight_read", "gate_weight_read"):
+            if getattr(self, name) not in WEIGHT_READS:
+                raise ValueError(f"{name} must be one of {WEIGHT_READS}, got {getattr(self, name)!r}")
         windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)
         object.__setattr__(self, "rows_block_m", windows)
         if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \

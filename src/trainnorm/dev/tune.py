@@ -52,7 +52,8 @@ per SM and chunks, a row in two pieces; for the forward also the edits that
 keep its bits: rows per tile at every count, the weight read, the descriptor
 form): whether the rules are at a local best. Without --cases it also times the
 gated forward's rule (configs.gated_forward_from_plain: the plain tile with half
-the rows) against the plain tile and single edits, at GATED_PROBE_CASES (widths
+the rows) against the plain tile and single edits (among them the weight read ahead
+of or beside the rows: FwdSchedule.gate_weight_read), at GATED_PROBE_CASES (widths
 the table holds too: the rule serves every gated forward); --gated times that
 alone, at --cases if given. It writes only the raw times (probe-defaults.json)
 and the log: the rules are code, and their comments cite the times that chose
@@ -1079,7 +1080,8 @@ GATED_PROBE_CASES = ((4096, 16384), (4096, 65536), (128, 131072), (128, 524288))
 
 def gated_forward_edits(hidden: int) -> dict:
     """{name: FwdConfig} of the gated forward (16-bit weight): the rule's config ("rule"),
-    the plain tile it is derived from, and single edits of the rule (warps, rows per tile)."""
+    the plain tile it is derived from, and single edits of the rule (warps, rows per tile,
+    the weight read)."""
     plain = configs.forward_config(configs.forward_key(hidden, ELT))
     rule = configs.gated_forward_from_plain(plain)
     t = rule.tile
@@ -1093,6 +1095,10 @@ def gated_forward_edits(hidden: int) -> dict:
         if ok and rule.replace(**kw) != plain:
             out[name] = rule.replace(**kw)
     out.update(schedule_edits(rule, hidden))
+    if rule.col_tiles(hidden) == 1:
+        # the weight read ahead of or beside the rows rather than after the sum (the rule)
+        for read in ("early", "rows"):
+            out[f"weight {read}"] = rule.replace(gate_weight_read=read)
     return out
 
 
