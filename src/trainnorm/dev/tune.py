@@ -977,9 +977,11 @@ def default_edits(hidden: int) -> tuple[dict, dict]:
     return bwd, fwd
 
 
-def schedule_edits(cfg: FwdConfig, hidden: int) -> dict:
+def schedule_edits(cfg: FwdConfig, hidden: int, weight_reads: bool = True) -> dict:
     """{name: FwdConfig}: edits of a forward config that keep its tile, so its bits (the rows
-    per tile at every count, the weight read, the descriptor form's depth and programs per SM)."""
+    per tile at every count, the weight read, the descriptor form's depth and programs per SM).
+    weight_reads False: the descriptor form's plain loads without the weight_read edits (the
+    gated forward does not read weight_read: gated_forward_edits)."""
     t = cfg.tile
     out = {}
     for bm in (t.block_m // 2, t.block_m // 4, 2 * t.block_m):
@@ -991,7 +993,7 @@ def schedule_edits(cfg: FwdConfig, hidden: int) -> dict:
                 out[f"tma{st} c{ctas}"] = cfg.replace(tma_stages=st, ctas_per_sm=ctas)
         if cfg.schedule.tma_stages:
             # the descriptor form's plain-load counterpart, with each weight read it can take
-            for read in ("", "rows", "late"):
+            for read in ("", "rows", "late") if weight_reads else ("",):
                 out["plain loads" + (f" weight {read}" if read else "")] = cfg.replace(tma_stages=0, weight_read=read)
     return out
 
@@ -1094,7 +1096,7 @@ def gated_forward_edits(hidden: int) -> dict:
                           dict(block_m=2 * t.block_m, num_warps=2 * t.num_warps))):
         if ok and rule.replace(**kw) != plain:
             out[name] = rule.replace(**kw)
-    out.update(schedule_edits(rule, hidden))
+    out.update(schedule_edits(rule, hidden, weight_reads=False))
     if rule.col_tiles(hidden) == 1:
         # the weight read ahead of or beside the rows rather than after the sum (the rule)
         for read in ("early", "rows"):
