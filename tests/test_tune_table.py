@@ -172,6 +172,34 @@ def test_rows_block_m_checked_and_stored():
     assert json.loads(json.dumps(entry)) == entry and tables.to_config("forward", entry) == cfg
 
 
+def test_rows_max_chunks_checked_stored_and_chunked():
+    base = BwdConfig.from_fields(block_m=2, block_n=4096, num_warps=16, min_rows_per_chunk=16, max_chunks=256)
+    cfg = base.replace(rows_max_chunks=[[16384, 132]])
+    assert cfg.rows_max_chunks == ((16384, 132),)
+    assert [cfg.tile.chunks_at_most(r) for r in (1, 16384, 16385)] == [132, 132, 256]
+    # up to the window's rows at most 132 chunks, past it 256; under 16 rows a chunk as before
+    assert plan.chunking(cfg, 4096) == (128, 32) and plan.chunking(base, 4096) == (256, 16)
+    assert plan.chunking(cfg, 16384) == (131, 126) and plan.chunking(base, 16384) == (256, 64)
+    assert plan.chunking(cfg, 65536) == plan.chunking(base, 65536) == (256, 256)
+    assert plan.chunking(cfg, 1024) == plan.chunking(base, 1024) == (64, 16)
+    for bad in ([[64, 0]], [[512, 8], [64, 16]], [[0, 8]], [[64]]):
+        with pytest.raises(ValueError, match="rows_max_chunks"):
+            base.replace(rows_max_chunks=bad)
+    entry = tables.to_entry("backward", 4096, 2, "plain", cfg, ["n"])
+    assert entry["tile"]["rows_max_chunks"] == [[16384, 132]]
+    assert json.loads(json.dumps(entry)) == entry and tables.to_config("backward", entry) == cfg
+
+
+def test_default_backward_takes_few_chunks_at_4096_columns_up_to_16384_rows():
+    # rows of 2049-4096 columns (the rule's 4096-column tile): at most 132 chunks up to 16384 rows,
+    # 256 past them; other tiles keep their one cap (the rule's measurements, configs.default_backward)
+    for hidden in (2304, 3584, 4000):
+        t = configs.default_backward(hidden, 2).tile
+        assert (t.block_n, t.max_chunks, t.rows_max_chunks) == (4096, 256, ((16384, 132),)), hidden
+    for hidden in (1024, 1792, 5376):
+        assert configs.default_backward(hidden, 2).tile.rows_max_chunks == (), hidden
+
+
 def test_atomic_min_rows():
     # (det us, atomic us, rows) per T: from the first count from which the atomic form is never slower
     assert tune.atomic_min_rows({256: (9.0, 12.0, 0), 1024: (20.0, 19.0, 0), 4096: (50.0, 49.0, 0)}, 1) == 1024

@@ -191,7 +191,7 @@ def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
         return 0, 0
     if rows <= cfg.windows.direct_max_rows:
         return 1, cdiv(rows, tile.block_m) * tile.block_m
-    rpc = max(tile.min_rows_per_chunk, cdiv(rows, tile.max_chunks))
+    rpc = max(tile.min_rows_per_chunk, cdiv(rows, tile.chunks_at_most(rows)))
     rpc = cdiv(rpc, tile.block_m) * tile.block_m
     return cdiv(rows, rpc), rpc
 

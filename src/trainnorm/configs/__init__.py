@@ -127,6 +127,16 @@ def _check_pieces(tile) -> None:
                          f"got {tile.block_n2}")
 
 
+def _row_windows(part, name: str, what: str, power_of_two: bool) -> None:
+    """Check and normalise a field of row-count windows: ((max_rows, value), ...) in rising max_rows."""
+    windows = tuple(tuple(int(v) for v in w) for w in getattr(part, name))
+    object.__setattr__(part, name, windows)
+    if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or (power_of_two and w[1] & (w[1] - 1)) for w in windows) or \
+            any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
+        raise ValueError(f"{name} must be (max_rows, {what}) pairs in rising max_rows with {what} "
+                         f"{'a power of two' if power_of_two else 'at least 1'}, got {getattr(part, name)}")
+
+
 def _col_tiles(tile, hidden: int) -> int:
     if tile.block_n2:
         if hidden > tile.block_n + tile.block_n2:
@@ -192,12 +202,7 @@ class FwdSchedule:
         for name in ("weight_read", "gate_weight_read"):
             if getattr(self, name) not in WEIGHT_READS:
                 raise ValueError(f"{name} must be one of {WEIGHT_READS}, got {getattr(self, name)!r}")
-        windows = tuple(tuple(int(v) for v in w) for w in self.rows_block_m)
-        object.__setattr__(self, "rows_block_m", windows)
-        if any(len(w) != 2 or w[0] < 1 or w[1] < 1 or w[1] & (w[1] - 1) for w in windows) or \
-                any(a[0] >= b[0] for a, b in zip(windows, windows[1:])):
-            raise ValueError(f"rows_block_m must be (max_rows, block_m) pairs in rising max_rows with block_m a "
-                             f"power of two, got {self.rows_block_m}")
+        _row_windows(self, "rows_block_m", "block_m", power_of_two=True)
 
 
 @dataclass(frozen=True)
@@ -234,11 +239,23 @@ class BwdTile:
     slice_block_n: int = 128
     # the row's second piece, as FwdTile.block_n2 (not with dw_2d)
     block_n2: int = 0
+    # at most this many chunks by row count: ((max_rows, max_chunks), ...) in rising
+    # max_rows; up to max_rows rows at most that many chunks, past the last window
+    # max_chunks. Fewer chunks where rows are few: each chunk's float64 partial of dw is
+    # H x 8 bytes written and read again by the combine, against 3 x H x 2 bytes a row for
+    # the rows themselves. Like the chunking itself, a function of the row count only: dw's
+    # reduction tree stays independent of the SM count
+    rows_max_chunks: tuple = ()
 
     def __post_init__(self):
         _check_pieces(self)
         if self.block_n2 and self.dw_2d:
             raise ValueError("a two-piece tile (block_n2) keeps no dw_2d sums")
+        _row_windows(self, "rows_max_chunks", "max_chunks", power_of_two=False)
+
+    def chunks_at_most(self, rows: int) -> int:
+        """The most chunks a launch over `rows` rows takes (rows_max_chunks, else max_chunks)."""
+        return next((m for top, m in self.rows_max_chunks if rows <= top), self.max_chunks)
 
     def col_tiles(self, hidden: int) -> int:
         return _col_tiles(self, hidden)
@@ -377,6 +394,16 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
       (dw_2d, 8 elements a thread: H128 50.1 us against 88.0 without it);
     - rows of 8192 columns 4 programs per SM over at most 132 chunks (H5376 206.5 us
       against 217.7 at 2 per SM over 256);
+    - rows of 4096 columns at most 132 chunks up to 16384 rows, 256 past them
+      (rows_max_chunks). Each chunk's float64 partial is H x 8 bytes written and read
+      back, against 6 x H bytes a row for the rows themselves: 256 partials cost about
+      4096 / (6 T) of the rows' traffic, 17% at T 4096. On an H100 (docs/benchmarks/tune/
+      h100-defaults-99e8565.txt; us, 256 -> 132 chunks at 4 programs per SM): T 4096 H2304
+      36.19 -> 32.18, H2560 38.30 -> 34.53, H3584 47.52 -> 42.90, H3840 50.29 -> 45.55;
+      T 16384 H2304 96.50 -> 92.14, H2560 110.67 -> 104.58, H3584 140.00 -> 136.40; at
+      T 65536 132 one-program-per-SM chunks ran behind (H2304 329.52 -> 344.85), as they
+      did with tiles of 1024 columns (H1024 T16384 46.61 -> 53.97) and 2048 (H1280
+      T4096 22.91 -> 23.31; H1792 26.90 -> 26.80), which keep 256;
     - rows of 128 columns or fewer in tiles of 4096 elements (up to 64 rows) at 4 warps
       (docs/benchmarks/tune/h100-narrow.txt, us, the 16-row tile -> this one: 64 columns
       over 393,216 rows 78.6 -> 65.6 and over 1,572,864 rows 272.3 -> 226.4, [T,24,64]
@@ -406,8 +433,9 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
         block_m = {2048: 2, 4096: 2, 8192: 1}.get(block_n, block_m)
         num_warps = min(16, max(4, block_m * block_n // (256 if dw_2d else 512)))
     wide = block_n >= 8192
+    few_chunks = ((16384, 132),) if block_n == 4096 else ()
     return BwdConfig(BwdTile(block_m, block_n, num_warps, min_rows_per_chunk=block_m if wide else max(16, block_m),
-                             max_chunks=132 if wide else 256, dw_2d=dw_2d),
+                             max_chunks=132 if wide else 256, dw_2d=dw_2d, rows_max_chunks=few_chunks),
                      windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=4))
 
 

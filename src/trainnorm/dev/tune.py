@@ -944,10 +944,14 @@ def default_edits(hidden: int) -> tuple[dict, dict]:
     edit("plain loads", sch.tma_stages > 0, tma_stages=0)
     edit("tma4", sch.tma_stages > 0, tma_stages=4)
     edit("dw_2d" if not t.dw_2d else "no dw_2d", t.block_n <= 1024, dw_2d=not t.dw_2d)
+    # programs per SM and chunks at every row count (no rows_max_chunks window), and the rule
+    # without its window
     if (sch.ctas_per_sm, t.max_chunks) == (2, 256):
-        edit("c4 m132", True, ctas_per_sm=4, max_chunks=132, min_rows_per_chunk=t.block_m)
+        edit("c4 m132", True, ctas_per_sm=4, max_chunks=132, min_rows_per_chunk=t.block_m, rows_max_chunks=())
     else:
-        edit("c2 m256", True, ctas_per_sm=2, max_chunks=256, min_rows_per_chunk=max(16, t.block_m))
+        edit("c2 m256", True, ctas_per_sm=2, max_chunks=256, min_rows_per_chunk=max(16, t.block_m),
+             rows_max_chunks=())
+    edit("no chunk window", bool(t.rows_max_chunks), rows_max_chunks=())
     b1, b2 = row_pieces(hidden)
     edit("two pieces", b2 > 0 and hidden <= configs.BWD_MAX_TILE, block_n=b1, block_n2=b2, dw_2d=False,
          tma_stages=0, loop_stages=3)
