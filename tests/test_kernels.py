@@ -778,8 +778,9 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
     outs = {}
     for read in ("early", "rows", "late"):
         use_configs(forward=cfg.replace(weight_read=read))
-        # with a gate after the sum of squares whatever weight_read says (plan.weight_read)
-        assert plan.forward_plan(hidden, torch.bfloat16, w_dtype, variant).weight == ("late" if gate else read)
+        # with a gate whatever weight_read says: beside the rows in this 16-bit gated tile of
+        # at most 4096 columns (plan.weight_read)
+        assert plan.forward_plan(hidden, torch.bfloat16, w_dtype, variant).weight == ("rows" if gate else read)
         if gate:
             # ... and where gate_weight_read says
             use_configs(forward=cfg.replace(weight_read=read, gate_weight_read=read))
@@ -801,13 +802,25 @@ def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gat
 def test_forward_weight_read_rule():
     # where a config names no weight read, the one-tile form reads the weight ahead of the rows
     # in tiles of at most 512 columns a warp and beside the rows' loads past that, up to 8192
-    # columns (plan.py's measurements); with a gate always after the sum
+    # columns (plan.py's measurements); with a gate beside the rows in tiles of up to 4096
+    # columns of the 16-bit gated key, else after the sum
     base = configs.FwdConfig(configs.FwdTile(block_m=1, block_n=2048, num_warps=4))
     assert plan.weight_read(base, 1) == "early"
     assert plan.weight_read(base.replace(block_n=4096), 1) == "rows"
     assert plan.weight_read(base.replace(block_n=8192, num_warps=8), 1) == "rows"
     assert plan.weight_read(base.replace(block_n=16384, num_warps=16), 1) == "late"   # unmeasured, spills
     assert plan.weight_read(base.replace(block_n=8192), 1, gated=True) == "late"
+    assert plan.weight_read(base.replace(block_n=8192), 1, gated=True, gated_16bit=True) == "late"
+    assert plan.weight_read(base.replace(block_n=4096), 1, gated=True, gated_16bit=True) == "rows"
+    assert plan.weight_read(base.replace(block_n=4096), 1, gated=True) == "late"      # a float32 weight's key
+    assert plan.weight_read(base.replace(block_n=4096), 2, gated=True, gated_16bit=True) == "late"
+    assert plan.weight_read(base.replace(block_n=4096, gate_weight_read="early"), 1, gated=True) == "early"
+    # through the plan: the gated bench widths (H 4096, and 128 columns) read beside the rows
+    for hidden in (4096, 128):
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant(gate="silu")).weight == "rows"
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.float32, Variant(gate="silu")).weight == "late"
+        gate_first = Variant(gate="silu", norm_before_gate=False)
+        assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, gate_first).weight == "late"
     assert plan.weight_read(base.replace(block_n=4096, weight_read="late"), 1) == "late"
     # the unseen widths' rule configs (configs.default_forward) that hold a row in one tile
     for hidden in (768, 2304, 3584, 5376, 7168):

@@ -78,6 +78,19 @@ EARLY_WEIGHT_COLS_PER_WARP = 512
 # spills 8-16 bytes so under Triton 3.6 (trainnorm.dev.compile_check, H 8200) and was not
 # timed: it keeps the read after the sum of squares.
 ROWS_WEIGHT_MAX_COLS = 8192
+# The gated forward's one-tile form (16-bit activations and weight: the "gated" key, the gate
+# after the norm) reads the weight beside the rows' loads where its config names none
+# (gate_weight_read), in tiles of up to 4096 columns; wider tiles, a float32 weight and the gate
+# before the norm (unmeasured; read so, H 1000's gate-first tile at T 1 spilled 4 bytes under
+# Triton 3.6, trainnorm.dev.compile_check) read it after the sum of squares. H100,
+# trainnorm.dev.tune --probe-defaults --gated and the same configs interleaved again
+# (docs/benchmarks/tune/h100-gated-weight.txt), us, after the sum -> beside the rows (ahead of
+# them): H4096 bm1 w8 at 1024 rows 15.84 -> 14.37 (15.36), 4096 rows 41.22 -> 40.61 (41.36),
+# 16384 rows 138.02 -> 138.11, 65536 rows 523.89 -> 525.28; 128 columns bm16 w4 at 32768
+# rows 15.12 -> 14.66 (14.59), 131072 rows 39.97 -> 39.82 (39.49), 524288 rows 137.66 ->
+# 137.23. The 765 us above was the weight held as float32 through a persistent loop; the
+# one-tile form now has no loop, and holds it as stored until the sum is done.
+GATED_ROWS_WEIGHT_MAX_COLS = 4096
 # Rows walked in up to this many tiles have both walks unrolled (kernels/forward.py,
 # COL_UNROLL): the widths trainnorm.dev.tune --sweep-fwd times these two-pass forms at
 # (FWD_CHUNK_MAX_TILES). Wider rows keep rolled loops, an unmeasured choice.
@@ -102,24 +115,32 @@ class ForwardPlan:
         return self.cfg.tile_rows(rows)
 
 
-def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, arch: str | None) -> ForwardPlan:
-    cfg = configs.forward_config(configs.forward_key(hidden, elt, weight_elt, arch, gated))
+def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, gate_first: bool,
+                  arch: str | None) -> ForwardPlan:
+    key = configs.forward_key(hidden, elt, weight_elt, arch, gated)
+    cfg = configs.forward_config(key)
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
-    return ForwardPlan(cfg, col_tiles, weight_read(cfg, col_tiles, gated), col_tiles if unrolled else 1,
-                       unrolled and cfg.hold_tiles)
+    read = weight_read(cfg, col_tiles, gated, gated_16bit=key.kind == "gated" and elt < 4 and not gate_first)
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles)
 
 
-def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False) -> str:
+def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gated_16bit: bool = False) -> str:
     """When programs with plain loads read the weight: the config's weight_read where its
-    form takes it, else the rule above. With a gate after the sum of squares (the rule
-    above) unless the config's gate_weight_read names a one-tile read: the gated forward
-    takes the plain entries' tiles (configs.gated_forward_from_plain, or a float32 weight's
-    own entry), whose reads were timed without z and a(z) held beside the weight
-    (trainnorm.dev.tune --sweep-weight; under Triton 3.6 the H 2048 float32-weight gated
-    tile read beside the rows spilled 4 bytes, compile_check)."""
+    form takes it, else the rule above. With a gate, the config's gate_weight_read where it
+    names a one-tile read, else beside the rows in one-tile forms of the 16-bit gated key with
+    the gate after the norm (gated_16bit) up to GATED_ROWS_WEIGHT_MAX_COLS columns, else after
+    the sum of squares:
+    the gated forward takes the plain entries' tiles (configs.gated_forward_from_plain, or a
+    float32 weight's own entry), whose weight_read was timed without z and a(z) held beside
+    the weight (under Triton 3.6 the H 2048 float32-weight gated tile read beside the rows
+    spilled 4 bytes, compile_check)."""
     if gated:
-        return (cfg.gate_weight_read or "late") if col_tiles == 1 else "late"
+        if col_tiles > 1:
+            return "late"
+        if cfg.gate_weight_read:
+            return cfg.gate_weight_read
+        return "rows" if gated_16bit and cfg.block_n + cfg.block_n2 <= GATED_ROWS_WEIGHT_MAX_COLS else "late"
     if col_tiles > 1:
         # the column-tile form holds the weight beside its first walk only where that walk is
         # unrolled (a tile's weight per tile of the row); "early" is the one-tile form's
@@ -137,7 +158,8 @@ _forward_plan_cached = lru_cache(maxsize=4096)(_forward_plan)
 
 def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None, variant: Variant,
                  arch: str | None = None) -> ForwardPlan:
-    args = (hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, variant.gated, arch)
+    args = (hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, variant.gated,
+            variant.gated and not variant.norm_before_gate, arch)
     return _forward_plan(*args) if configs.overridden() else _forward_plan_cached(*args)
 
 
