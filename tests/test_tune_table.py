@@ -361,12 +361,25 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert set(got["times"]) == set(cands) and {"rule", "plain tile", "w/2"} <= set(cands)
         if hidden == 4096:    # the rule's one-row tile: two rows a tile at every count, and descriptor loads
             assert {"rows 2", "tma3 c2", "tma3 c4"} <= set(cands)
-        # the weight read ahead of / beside the rows against the rule's read after the sum
-        assert {"weight early", "weight rows"} <= set(cands)
-        assert cands["weight rows"].gate_weight_read == "rows" and cands["rule"].gate_weight_read == ""
+        # the weight read ahead of the rows and after the sum against the rule's, beside the rows
+        assert {"weight early", "weight late"} <= set(cands) and "weight rows" not in cands
+        assert cands["weight late"].gate_weight_read == "late" and cands["rule"].gate_weight_read == ""
         assert got["configs"]["rule"] == _as_stored(
             configs.forward_config(configs.forward_key(hidden, 2, gated=True)).fields())
         assert got["configs"]["plain tile"] == _as_stored(configs.forward_config(configs.forward_key(hidden, 2)).fields())
+    # the gated backward's config against its edits: at a width the table holds a gated entry
+    # for (4096) and at one it derives from the plain rule (96)
+    tune.probe_gated_backward(run, ((4096, 3), (96, 40)))
+    raw = json.loads((tmp_path / "probe-defaults.json").read_text())
+    for hidden, rows in ((4096, 3), (96, 40)):
+        got = raw[f"gated bwd H{hidden} rows {rows}"]
+        cands = tune.gated_backward_edits(hidden)
+        assert set(got["times"]) == set(cands) and {"rule", "w/2"} <= set(cands), hidden
+        assert got["configs"]["rule"] == _as_stored(
+            configs.backward_config(configs.backward_key(hidden, 2, gated=True)).fields())
+    # where the rule keeps a 16-warp plain tile whole, the edit that halves each thread's rows
+    cands = tune.gated_backward_edits(2304)
+    assert (cands["rule"].block_m, cands["rule"].num_warps) == (2, 16) and cands["bm/2"].block_m == 1
     assert not (tmp_path / "sm_90.json").exists()
 
 

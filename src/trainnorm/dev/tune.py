@@ -52,10 +52,11 @@ per SM and chunks, a row in two pieces; for the forward also the edits that
 keep its bits: rows per tile at every count, the weight read, the descriptor
 form): whether the rules are at a local best. Without --cases it also times the
 gated forward's rule (configs.gated_forward_from_plain: the plain tile with half
-the rows) against the plain tile and single edits (among them the weight read ahead
-of or beside the rows: FwdSchedule.gate_weight_read), at GATED_PROBE_CASES (widths
-the table holds too: the rule serves every gated forward); --gated times that
-alone, at --cases if given. It writes only the raw times (probe-defaults.json)
+the rows) against the plain tile and single edits (among them the weight reads other
+than the rule's: FwdSchedule.gate_weight_read), at GATED_PROBE_CASES (widths
+the table holds too: the rule serves every gated forward); --gated times that and
+the gated backward's config (the table's gated entry, else configs.gated_from_plain)
+against its edits (warps or rows halved, the loads), at --cases if given. It writes only the raw times (probe-defaults.json)
 and the log: the rules are code, and their comments cite the times that chose
 them.
 
@@ -1102,9 +1103,12 @@ def gated_forward_edits(hidden: int) -> dict:
             out[name] = rule.replace(**kw)
     out.update(schedule_edits(rule, hidden, weight_reads=False))
     if rule.col_tiles(hidden) == 1:
-        # the weight read ahead of or beside the rows rather than after the sum (the rule)
-        for read in ("early", "rows"):
-            out[f"weight {read}"] = rule.replace(gate_weight_read=read)
+        # the weight reads other than the rule's (plan.weight_read: beside the rows' loads in
+        # 16-bit gated tiles of up to 4096 columns, else after the sum of squares)
+        own = plan_mod.weight_read(rule, 1, gated=True, gated_16bit=True)
+        for read in ("early", "rows", "late"):
+            if read != own:
+                out[f"weight {read}"] = rule.replace(gate_weight_read=read)
     return out
 
 
@@ -1121,6 +1125,52 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
         _record_probe(run, f"gated fwd H{hidden} rows {rows}",
                       time_fns(fns, run.flush, captures=captures(rows, hidden)), cands)
         del x, z, w, fns, outs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def gated_backward_edits(hidden: int) -> dict:
+    """{name: BwdConfig} of the gated backward: the config its key gets ("rule": the table's
+    gated entry, else configs.gated_from_plain of the plain one), the plain tile it comes
+    from, and single edits of the rule (warps, rows per tile, both halved, the loads). Where
+    the rule cannot double the warps of a 16-warp plain tile it keeps that tile whole, which
+    under Triton 3.6 spills up to 172 bytes a thread at 4096 columns (compile_check, H 2304):
+    "bm/2" is the tile with each thread's share halved the other way."""
+    rule = configs.backward_config(configs.backward_key(hidden, ELT, gated=True))
+    plain = configs.backward_config(configs.backward_key(hidden, ELT))
+    t, sch = rule.tile, rule.schedule
+    out = {"rule": rule}
+    if plain.tile != t:
+        out["plain tile"] = configs.gated_from_plain(plain).replace(num_warps=plain.tile.num_warps)
+    for name, ok, kw in (("w/2", t.num_warps >= 2, dict(num_warps=t.num_warps // 2)),
+                         ("bm/2", t.block_m >= 2, dict(block_m=t.block_m // 2)),
+                         ("bm/2 w/2", t.block_m >= 2 and t.num_warps >= 2,
+                          dict(block_m=t.block_m // 2, num_warps=t.num_warps // 2)),
+                         ("plain loads", sch.tma_stages > 0, dict(tma_stages=0)),
+                         ("tma4", 0 < sch.tma_stages < 4, dict(tma_stages=4))):
+        if ok:
+            out[name] = rule.replace(**kw)
+    return out
+
+
+def probe_gated_backward(run: Run, cases=GATED_PROBE_CASES) -> None:
+    """Time the gated backward's config (deterministic, gate after the norm, bf16) against its
+    edits (gated_backward_edits), each case's candidates interleaved; raw times to
+    probe-defaults.json."""
+    for hidden, rows in cases:
+        x, z, dy = (torch.randn(rows, hidden, device=run.device).to(torch.bfloat16) for _ in range(3))
+        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+        _, rstd = trainnorm.rms_norm_gated_forward(x, z, w)
+        cands = gated_backward_edits(hidden)
+        fns, outs = {}, {}
+        for name, cfg in cands.items():
+            ws = _workspace(cfg, hidden, rows, True, run.device, True)
+            fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z=z)
+            outs[name] = fns[name]()
+        _drop_disagreeing(run, fns, outs, f"gated bwd H{hidden} rows {rows}")
+        _record_probe(run, f"gated bwd H{hidden} rows {rows}",
+                      time_fns(fns, run.flush, captures=captures(rows, hidden)), cands)
+        del x, z, dy, w, rstd, fns, outs
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -1329,7 +1379,8 @@ def parse_args(argv=None):
                         "STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
     p.add_argument("--gated", action="store_true",
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
-                        "the gated forward's rule alone (default cases GATED_PROBE_CASES)")
+                        "the gated forward's rule and the gated backward's config against their edits "
+                        "(default cases GATED_PROBE_CASES)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
                    help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
@@ -1375,6 +1426,7 @@ def main(argv=None) -> int:
     try:
         if args.probe_defaults and args.gated:
             probe_gated_forward(run, cases or GATED_PROBE_CASES)
+            probe_gated_backward(run, cases or GATED_PROBE_CASES)
         elif args.probe_defaults:
             probe_defaults(run, cases or PROBE_CASES)
             if not cases:
