@@ -810,10 +810,10 @@ def test_forward_weight_read_rule():
     assert plan.weight_read(base.replace(block_n=8192, num_warps=8), 1) == "rows"
     assert plan.weight_read(base.replace(block_n=16384, num_warps=16), 1) == "late"   # unmeasured, spills
     assert plan.weight_read(base.replace(block_n=8192), 1, gated=True) == "late"
-    assert plan.weight_read(base.replace(block_n=8192), 1, gated=True, gated_16bit=True) == "late"
-    assert plan.weight_read(base.replace(block_n=4096), 1, gated=True, gated_16bit=True) == "rows"
+    assert plan.weight_read(base.replace(block_n=8192), 1, gated=True, gate_after_16bit=True) == "late"
+    assert plan.weight_read(base.replace(block_n=4096), 1, gated=True, gate_after_16bit=True) == "rows"
     assert plan.weight_read(base.replace(block_n=4096), 1, gated=True) == "late"      # a float32 weight's key
-    assert plan.weight_read(base.replace(block_n=4096), 2, gated=True, gated_16bit=True) == "late"
+    assert plan.weight_read(base.replace(block_n=4096), 2, gated=True, gate_after_16bit=True) == "late"
     assert plan.weight_read(base.replace(block_n=4096, gate_weight_read="early"), 1, gated=True) == "early"
     # through the plan: the gated bench widths (H 4096, and 128 columns) read beside the rows
     for hidden in (4096, 128):

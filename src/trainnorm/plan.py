@@ -121,26 +121,26 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     cfg = configs.forward_config(key)
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
-    read = weight_read(cfg, col_tiles, gated, gated_16bit=key.kind == "gated" and elt < 4 and not gate_first)
+    read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
     return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles)
 
 
-def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gated_16bit: bool = False) -> str:
+def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:
     """When programs with plain loads read the weight: the config's weight_read where its
-    form takes it, else the rule above. With a gate, the config's gate_weight_read where it
-    names a one-tile read, else beside the rows in one-tile forms of the 16-bit gated key with
-    the gate after the norm (gated_16bit) up to GATED_ROWS_WEIGHT_MAX_COLS columns, else after
-    the sum of squares:
-    the gated forward takes the plain entries' tiles (configs.gated_forward_from_plain, or a
-    float32 weight's own entry), whose weight_read was timed without z and a(z) held beside
-    the weight (under Triton 3.6 the H 2048 float32-weight gated tile read beside the rows
-    spilled 4 bytes, compile_check)."""
+    form takes it, else the rules above. With a gate (gated), the config's gate_weight_read
+    where it names a one-tile read, else GATED_ROWS_WEIGHT_MAX_COLS's rule, whose read beside
+    the rows applies where gate_after_16bit says the key is the measured one: 16-bit gated,
+    the gate after the norm. The gated forward takes the plain entries' tiles
+    (configs.gated_forward_from_plain, or a float32 weight's own entry), whose weight_read was
+    timed without z and a(z) held beside the weight, so it has reads of its own (under Triton
+    3.6 the H 2048 float32-weight gated tile read beside the rows spilled 4 bytes,
+    compile_check)."""
     if gated:
         if col_tiles > 1:
             return "late"
         if cfg.gate_weight_read:
             return cfg.gate_weight_read
-        return "rows" if gated_16bit and cfg.block_n + cfg.block_n2 <= GATED_ROWS_WEIGHT_MAX_COLS else "late"
+        return "rows" if gate_after_16bit and cfg.block_n + cfg.block_n2 <= GATED_ROWS_WEIGHT_MAX_COLS else "late"
     if col_tiles > 1:
         # the column-tile form holds the weight beside its first walk only where that walk is
         # unrolled (a tile's weight per tile of the row); "early" is the one-tile form's

@@ -193,9 +193,9 @@ class FwdSchedule:
     # rule. Descriptor loads always read it once per program, in float32.
     # Timing only: the same products in the same order.
     weight_read: str = ""
-    # the same for the gated forward's one-tile form ("": after the sum of squares, the rule:
-    # plan.weight_read). Its own field: the gated forward takes the plain entries' tiles, whose
-    # weight_read was timed without z and a(z) beside the weight. Timing only.
+    # the same for the gated forward's one-tile form ("": plan.weight_read's gated rule, beside
+    # the rows or after the sum of squares). Its own field: the gated forward takes the plain
+    # entries' tiles, whose weight_read was timed without z and a(z) beside the weight. Timing only.
     gate_weight_read: str = ""
 
     def __post_init__(self):

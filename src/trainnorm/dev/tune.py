@@ -56,9 +56,9 @@ the rows) against the plain tile and single edits (among them the weight reads o
 than the rule's: FwdSchedule.gate_weight_read), at GATED_PROBE_CASES (widths
 the table holds too: the rule serves every gated forward); --gated times that and
 the gated backward's config (the table's gated entry, else configs.gated_from_plain)
-against its edits (warps or rows halved, the loads), at --cases if given. It writes only the raw times (probe-defaults.json)
-and the log: the rules are code, and their comments cite the times that chose
-them.
+against its edits (warps or rows halved, the loads), at --cases if given. It writes
+only the raw times (probe-defaults.json) and the log: the rules are code, and their
+comments cite the times that chose them.
 
 --probe-schedule times, at SCHEDULE_PROBE_CASES, each forward entry the table
 holds at the width (plain and float32 weight, without and with a residual)
@@ -1105,7 +1105,7 @@ def gated_forward_edits(hidden: int) -> dict:
     if rule.col_tiles(hidden) == 1:
         # the weight reads other than the rule's (plan.weight_read: beside the rows' loads in
         # 16-bit gated tiles of up to 4096 columns, else after the sum of squares)
-        own = plan_mod.weight_read(rule, 1, gated=True, gated_16bit=True)
+        own = plan_mod.weight_read(rule, 1, gated=True, gate_after_16bit=True)
         for read in ("early", "rows", "late"):
             if read != own:
                 out[f"weight {read}"] = rule.replace(gate_weight_read=read)
