@@ -1162,17 +1162,25 @@ def probe_gated_backward(run: Run, cases=GATED_PROBE_CASES) -> None:
         w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
         _, rstd = trainnorm.rms_norm_gated_forward(x, z, w)
         cands = gated_backward_edits(hidden)
-        fns, outs = {}, {}
-        for name, cfg in cands.items():
-            ws = _workspace(cfg, hidden, rows, True, run.device, True)
-            fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z=z)
-            outs[name] = fns[name]()
-        _drop_disagreeing(run, fns, outs, f"gated bwd H{hidden} rows {rows}")
-        _record_probe(run, f"gated bwd H{hidden} rows {rows}",
-                      time_fns(fns, run.flush, captures=captures(rows, hidden)), cands)
-        del x, z, dy, w, rstd, fns, outs
+        what = f"gated bwd H{hidden} rows {rows}"
+        _record_probe(run, what, _time_bwd_candidates(run, cands, what, dy, x, w, rstd, z), cands)
+        del x, z, dy, w, rstd
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _time_bwd_candidates(run: Run, cands: dict, what: str, dy, x, w, rstd, z=None) -> dict:
+    """{name: us} of the deterministic backward under each config of cands (gated with z),
+    each with the workspace its chunking needs, interleaved; a candidate whose outputs are not
+    the rule's is left out (_drop_disagreeing)."""
+    rows, hidden = x.shape
+    fns, outs = {}, {}
+    for name, cfg in cands.items():
+        ws = _workspace(cfg, hidden, rows, True, run.device, z is not None)
+        fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, z=z)
+        outs[name] = fns[name]()
+    _drop_disagreeing(run, fns, outs, what)
+    return time_fns(fns, run.flush, captures=captures(rows, hidden))
 
 
 def _record_probe(run: Run, what: str, times: dict, cands: dict, file: str = "probe-defaults.json") -> None:
@@ -1193,13 +1201,7 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
         dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
         _, rstd, _ = trainnorm.rms_norm_forward(x, w)
         bwd, fwd = default_edits(hidden)
-        fns, outs = {}, {}
-        for name, cfg in bwd.items():
-            ws = _workspace(cfg, hidden, rows, True, run.device, False)
-            fns[name] = lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True)
-            outs[name] = fns[name]()
-        _drop_disagreeing(run, fns, outs, f"bwd H{hidden} rows {rows}")
-        times = {"bwd": time_fns(fns, run.flush, captures=captures(rows, hidden))}
+        times = {"bwd": _time_bwd_candidates(run, bwd, f"bwd H{hidden} rows {rows}", dy, x, w, rstd)}
         fns, outs = {}, {}
         for name, cfg in fwd.items():
             fns[name] = lambda cfg=cfg: _fwd_with(cfg, hidden, x, w, "plain")
