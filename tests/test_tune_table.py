@@ -200,6 +200,33 @@ def test_default_backward_takes_few_chunks_at_4096_columns_up_to_16384_rows():
         assert configs.default_backward(hidden, 2).tile.rows_max_chunks == (), hidden
 
 
+def test_gated_backward_halves_each_threads_share():
+    # a width without a gated entry: the plain tile at twice the warps, or, where it has 16
+    # already (the rule's two rows of 2049-4096 columns), half the rows; one row at 16 warps
+    # stays (configs.gated_from_plain)
+    for hidden, plain, gated in ((1792, (2, 8), (2, 16)), (2304, (2, 16), (1, 16)), (3584, (2, 16), (1, 16)),
+                                 (5376, (1, 16), (1, 16)), (1024, (2, 4), (2, 8))):
+        p = configs.backward_config(configs.backward_key(hidden, 2)).tile
+        g = configs.backward_config(configs.backward_key(hidden, 2, gated=True)).tile
+        assert ((p.block_m, p.num_warps), (g.block_m, g.num_warps)) == (plain, gated), hidden
+        assert (g.block_n, g.rows_max_chunks, g.min_rows_per_chunk) == (p.block_n, p.rows_max_chunks,
+                                                                        p.min_rows_per_chunk), hidden
+
+def test_gated_forward_halves_each_threads_share():
+    # a gated forward (no table entry holds one): the plain tile with half its rows; a one-row
+    # tile keeps its warps up to GATED_ONE_ROW_ELEMS elements a thread, past them twice the warps
+    # (configs.gated_forward_from_plain)
+    assert configs.GATED_ONE_ROW_ELEMS == 32
+    for hidden, plain, gated in ((4096, (2, 8), (1, 8)), (1024, (4, 4), (2, 4)), (2304, (1, 4), (1, 4)),
+                                 (3584, (1, 4), (1, 4)), (5376, (1, 8), (1, 8)), (6144, (1, 4), (1, 8)),
+                                 (2048, (1, 4), (1, 4))):
+        p = configs.forward_config(configs.forward_key(hidden, 2, 2))
+        g = configs.forward_config(configs.forward_key(hidden, 2, 2, gated=True))
+        assert ((p.tile.block_m, p.tile.num_warps), (g.tile.block_m, g.tile.num_warps)) == (plain, gated), hidden
+        assert g.tile.block_n == p.tile.block_n and g.schedule.rows_block_m == (), hidden
+    # where the rule is the plain tile the probe times it once
+    assert "plain tile" not in tune.gated_forward_edits(2304) and "w*2" in tune.gated_forward_edits(2304)
+
 def test_atomic_min_rows():
     # (det us, atomic us, rows) per T: from the first count from which the atomic form is never slower
     assert tune.atomic_min_rows({256: (9.0, 12.0, 0), 1024: (20.0, 19.0, 0), 4096: (50.0, 49.0, 0)}, 1) == 1024
@@ -377,9 +404,10 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert set(got["times"]) == set(cands) and {"rule", "w/2"} <= set(cands), hidden
         assert got["configs"]["rule"] == _as_stored(
             configs.backward_config(configs.backward_key(hidden, 2, gated=True)).fields())
-    # where the rule keeps a 16-warp plain tile whole, the edit that halves each thread's rows
+    # where the plain tile has 16 warps the rule halves its rows: the plain tile is the edit back
     cands = tune.gated_backward_edits(2304)
-    assert (cands["rule"].block_m, cands["rule"].num_warps) == (2, 16) and cands["bm/2"].block_m == 1
+    assert (cands["rule"].block_m, cands["rule"].num_warps) == (1, 16)
+    assert (cands["plain tile"].block_m, cands["plain tile"].num_warps) == (2, 16) and "bm/2" not in cands
     assert not (tmp_path / "sm_90.json").exists()
 
 

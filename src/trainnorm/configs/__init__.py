@@ -439,6 +439,11 @@ def default_backward(hidden: int, elt: int) -> BwdConfig:
                      windows, BwdSchedule(ctas_per_sm=4 if wide else 2, tma_stages=4))
 
 
+# the most elements of its row a thread of a gated one-row forward tile holds without twice the
+# plain tile's warps (gated_forward_from_plain)
+GATED_ONE_ROW_ELEMS = 32
+
+
 def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
     """The gated forward (16-bit weight) of a width the table holds no gated forward entry
     for: the plain tile with half the rows (twice the warps where it has one row), so each
@@ -450,13 +455,23 @@ def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
     65536: 53.6 -> 43.2, 180.4 -> 141.3, 676.3 -> 532.9 (best 42.5, 141.3, 532.9); 128
     columns ([T,32,128] at T 4096 and 16384) bm32 w4 -> bm16 w4: 50.0 -> 41.4, 172.3 ->
     139.9 (the best of 29). The plain tile had run 0.81-0.86x torch.compile of the gated
-    reference at H4096 (`trainnorm bench`, H100)."""
+    reference at H4096 (`trainnorm bench`, H100).
+
+    A one-row tile keeps its warps where each thread holds at most GATED_ONE_ROW_ELEMS of
+    the row (no spill: 80 registers at 4096 columns and 4 warps, compile_check, Triton
+    3.6): on an H100 (docs/benchmarks/tune/h100-defaults-cb872d0.txt; us, twice the warps
+    -> the plain tile) H2304 T4096 30.88 -> 29.68, T16384 95.90 -> 91.09; H3584 T4096
+    37.66 -> 36.99, T65536 472.58 -> 461.33. Measured there, at 32 elements a thread;
+    fewer (H2048's 2048 columns at 4 warps, the 8192-column default at 8) hold fewer
+    registers still (52, 69) and are unmeasured. More than that (H6144's 8192 columns at 4
+    warps: 141 registers) still take twice the warps."""
     t = cfg.tile
-    # the plain entry's rows per tile by row count were measured without a gate, and the one-row
-    # tile's twice the warps would change the row sum's split between counts: none carry over
+    # the plain entry's rows per tile by row count were measured without a gate: none carry over
     cfg = cfg.replace(rows_block_m=())
     if t.block_m >= 2:
         return cfg.replace(block_m=t.block_m // 2)
+    if t.block_n // (32 * t.num_warps) <= GATED_ONE_ROW_ELEMS:
+        return cfg
     return cfg.replace(num_warps=min(16, 2 * t.num_warps))
 
 
@@ -470,9 +485,19 @@ def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
     16 x 128 tile at 16 warps) at 17-18% of the copy floor and H 4096 at 35-61%
     (docs/benchmarks/h200.md): `trainnorm.dev.tune --sweep-bwd --gated` measures
     entries instead. The small-T windows were measured without a gate and do
-    not carry over."""
-    return BwdConfig(replace(cfg.tile, num_warps=min(16, 2 * cfg.tile.num_warps), slice_block_m=16,
-                             slice_block_n=128),
+    not carry over.
+
+    A plain tile that already has 16 warps (the rule's two rows of 2049-4096 columns)
+    halves its rows instead: its gated tile at 16 warps spilled 120-172 bytes a thread
+    (compile_check, Triton 3.6, H 2304 and 3584), one row at 16 warps none (127
+    registers). On an H100 (docs/benchmarks/tune/h100-defaults-cb872d0.txt; us, two rows
+    -> one row, both at 16 warps): H2304 T4096 74.94 -> 54.75, T16384 254.67 -> 183.04;
+    H3584 T4096 91.68 -> 65.41, T65536 1202.90 -> 839.33 (one row at 8 warps: 54.34,
+    180.69, 65.18, 848.06)."""
+    t = cfg.tile
+    share = dict(num_warps=2 * t.num_warps) if t.num_warps < 16 else \
+        dict(block_m=t.block_m // 2) if t.block_m >= 2 else {}
+    return BwdConfig(replace(t, slice_block_m=16, slice_block_n=128, **share),
                      BwdWindows(atomic_min_rows=cfg.windows.atomic_min_rows),
                      replace(cfg.schedule, direct_prefetch=None, direct_tma_stages=None))
 

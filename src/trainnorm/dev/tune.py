@@ -1092,7 +1092,9 @@ def gated_forward_edits(hidden: int) -> dict:
     plain = configs.forward_config(configs.forward_key(hidden, ELT))
     rule = configs.gated_forward_from_plain(plain)
     t = rule.tile
-    out = {"rule": rule, "plain tile": plain}
+    out = {"rule": rule}
+    if plain != rule:
+        out["plain tile"] = plain
     for name, ok, kw in (("w/2", t.num_warps >= 2, dict(num_warps=t.num_warps // 2)),
                          ("w*2", t.num_warps <= 8, dict(num_warps=2 * t.num_warps)),
                          ("bm/2", t.block_m >= 2, dict(block_m=t.block_m // 2)),
@@ -1132,16 +1134,15 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
 def gated_backward_edits(hidden: int) -> dict:
     """{name: BwdConfig} of the gated backward: the config its key gets ("rule": the table's
     gated entry, else configs.gated_from_plain of the plain one), the plain tile it comes
-    from, and single edits of the rule (warps, rows per tile, both halved, the loads). Where
-    the rule cannot double the warps of a 16-warp plain tile it keeps that tile whole, which
-    under Triton 3.6 spills up to 172 bytes a thread at 4096 columns (compile_check, H 2304):
-    "bm/2" is the tile with each thread's share halved the other way."""
+    from (its rows and warps), and single edits of the rule (warps, rows per tile, both
+    halved, the loads)."""
     rule = configs.backward_config(configs.backward_key(hidden, ELT, gated=True))
     plain = configs.backward_config(configs.backward_key(hidden, ELT))
     t, sch = rule.tile, rule.schedule
     out = {"rule": rule}
     if plain.tile != t:
-        out["plain tile"] = configs.gated_from_plain(plain).replace(num_warps=plain.tile.num_warps)
+        out["plain tile"] = configs.gated_from_plain(plain).replace(block_m=plain.tile.block_m,
+                                                                    num_warps=plain.tile.num_warps)
     for name, ok, kw in (("w/2", t.num_warps >= 2, dict(num_warps=t.num_warps // 2)),
                          ("bm/2", t.block_m >= 2, dict(block_m=t.block_m // 2)),
                          ("bm/2 w/2", t.block_m >= 2 and t.num_warps >= 2,
