@@ -457,6 +457,27 @@ def test_short_candidates_are_captured_as_the_bench_does():
     assert tune.captures(1025, 8192) == 1
 
 
+def test_probe_chunks_times_the_entry_against_fewer_chunks(tmp_path, monkeypatch, device):
+    # --probe-chunks: the table's H 256 entry at 300 rows (38 chunks of 8 rows) against at most
+    # 33 chunks there; both run through the kernels (a stub timer), agree with each other up to
+    # the reduction order, and land in probe-chunks.json with their fields; no table is written
+    monkeypatch.setattr(tune, "time_fns", stub_timer([], lambda name, i: 1.0 + i))
+    run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), table_path=None,
+                   out=str(tmp_path), device=device, log=lambda s: None)
+    entry = configs.backward_config(configs.backward_key(256, 2))
+    assert any(e["hidden"] == 256 for e in _sm90()["backward"]), "a width the table holds"
+    cands = tune.chunk_edits(256, 300)
+    assert set(cands) == {"rule", "m33"} and cands["rule"] == entry
+    assert plan.chunking(entry, 300)[0] == 38 and plan.chunking(cands["m33"], 300)[0] <= 33
+    assert plan.chunking(cands["m33"], 301) == plan.chunking(entry, 301), "the window ends at the case's rows"
+    tune.probe_chunks(run, ((256, 300),))
+    got = json.loads((tmp_path / "probe-chunks.json").read_text())["chunks bwd H256 rows 300"]
+    assert set(got["times"]) == {"rule", "m33"}
+    assert got["configs"]["m33"]["rows_max_chunks"] == [[300, 33]]
+    assert not (tmp_path / "sm_90.json").exists()
+    # a case that takes no more chunks than the smallest cap: the rule alone
+    assert set(tune.chunk_edits(256, 64)) == {"rule"}
+
 def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_path, monkeypatch, device):
     # --probe-schedule: a forward entry and the edits that keep its bits, without and with a
     # residual; a descriptor entry (H 6144 float32 weight) also with plain loads and each

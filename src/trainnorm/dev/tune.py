@@ -15,6 +15,7 @@ times that chose it.
     python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--gated] [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-schedule [--cases 6144x256] --out DIR
+    python -m trainnorm.dev.tune --probe-chunks [--cases 256x4096] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
 
@@ -68,6 +69,11 @@ read; and the backward's entry (deterministic, without and with the residual
 stream's gradient) against its load forms: plain loads with and without the
 prefetch, the other descriptor depths. Raw times to probe-schedule.json and the
 log; no table is written.
+
+--probe-chunks times, at CHUNK_PROBE_CASES, the backward's config at the width
+(the table's entry, else the default) against the same config with at most 33, 66
+or 132 dw chunks at the case's row count (a rows_max_chunks window): raw times to
+probe-chunks.json and the log; no table is written.
 
 --probe-stream times the backward of a float32 residual stream under bf16
 activations (the explicit and the autograd entry points) at its 16-bit key's
@@ -1216,6 +1222,47 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+# --- the backward's chunk count by row count (--probe-chunks) ----------------------------------
+
+# the backward rows behind at few thousand rows (H100, docs/benchmarks/h100-default-cb872d0):
+# [T,4,256] T1024 (4096 rows of 256) 0.85x max-autotune, H512 T1024 / T4096 0.95x / 0.92x
+CHUNK_PROBE_CASES = ((256, 4096), (256, 16384), (512, 1024), (512, 4096), (512, 16384), (1536, 4096),
+                     (2048, 4096))
+CHUNK_CAPS = (33, 66, 132)
+
+
+def chunk_edits(hidden: int, rows: int) -> dict:
+    """{name: BwdConfig}: the backward's config at a width ("rule": the table's entry, else
+    the analytical default) and the same config with at most m chunks at this row count
+    (a rows_max_chunks window ending at `rows`), for each m in CHUNK_CAPS below the chunks
+    the config takes there. Each chunk's float64 partial of dw is H x 8 bytes written and
+    read back by the combine; fewer chunks, fewer partials and more row tiles a program."""
+    cfg = configs.backward_config(configs.backward_key(hidden, ELT))
+    own, _ = plan_mod.chunking(cfg, rows)
+    out = {"rule": cfg}
+    for m in CHUNK_CAPS:
+        if m < own:
+            out[f"m{m}"] = cfg.replace(rows_max_chunks=((rows, m),))
+    return out
+
+
+def probe_chunks(run: Run, cases=CHUNK_PROBE_CASES) -> None:
+    """Time the backward (deterministic, bf16) at each case's row count under its config and
+    under fewer chunks (chunk_edits), interleaved; a candidate whose outputs are not the
+    rule's up to the reduction order is left out. Raw times to probe-chunks.json; no table."""
+    for hidden, rows in cases:
+        x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+        dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+        _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+        cands = chunk_edits(hidden, rows)
+        what = f"chunks bwd H{hidden} rows {rows}"
+        _record_probe(run, what, _time_bwd_candidates(run, cands, what, dy, x, w, rstd), cands, "probe-chunks.json")
+        del x, w, dy, rstd
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 # --- the float32 residual stream (--probe-stream) --------------------------------------------
 
 STREAM_PROBE_CASES = tuple((h, t) for h in (1024, 2048, 4096, 5120, 6144, 8192) for t in (4096, 16384, 65536))
@@ -1373,13 +1420,15 @@ def parse_args(argv=None):
                        help="the analytical defaults against single edits of them at widths the table does not hold")
     sweep.add_argument("--probe-schedule", action="store_true",
                        help="the forward entries against the edits that keep their bits (rows per tile, loads)")
+    sweep.add_argument("--probe-chunks", action="store_true",
+                       help="the backward's config against fewer dw chunks at the case's row count")
     sweep.add_argument("--probe-stream", action="store_true",
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     sweep.add_argument("--probe-latency", action="store_true",
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
-                        "STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
+                        "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
     p.add_argument("--gated", action="store_true",
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
                         "the gated forward's rule and the gated backward's config against their edits "
@@ -1391,8 +1440,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
-    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule):
-        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-stream or --probe-latency")
+    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule
+                           or args.probe_chunks):
+        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream or --probe-latency")
     return args
 
 
@@ -1421,7 +1471,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    probe = args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule
+    probe = args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule or args.probe_chunks
     run = Run(table=start_table(path, arch), table_path=None if probe else path, out=args.out,
               device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
@@ -1436,6 +1486,8 @@ def main(argv=None) -> int:
                 probe_gated_forward(run, GATED_PROBE_CASES)
         elif args.probe_schedule:
             probe_schedule(run, cases or SCHEDULE_PROBE_CASES)
+        elif args.probe_chunks:
+            probe_chunks(run, cases or CHUNK_PROBE_CASES)
         elif args.probe_stream:
             probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.probe_latency:
