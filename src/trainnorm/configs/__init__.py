@@ -461,10 +461,11 @@ def gated_forward_from_plain(cfg: FwdConfig) -> FwdConfig:
     the row (no spill: 80 registers at 4096 columns and 4 warps, compile_check, Triton
     3.6): on an H100 (docs/benchmarks/tune/h100-defaults-cb872d0.txt; us, twice the warps
     -> the plain tile) H2304 T4096 30.88 -> 29.68, T16384 95.90 -> 91.09; H3584 T4096
-    37.66 -> 36.99, T65536 472.58 -> 461.33. Measured there, at 32 elements a thread;
-    fewer (H2048's 2048 columns at 4 warps, the 8192-column default at 8) hold fewer
-    registers still (52, 69) and are unmeasured. More than that (H6144's 8192 columns at 4
-    warps: 141 registers) still take twice the warps."""
+    37.66 -> 36.99, T65536 472.58 -> 461.33. Measured there (4096 columns, 4 warps, 32
+    elements a thread); the other tiles it keeps (H2048's 2048 columns at 4 warps, 16
+    elements; the 8192-column default at 8 warps, 32) take 52 and 69 registers and are
+    unmeasured. More than that (H6144's 8192 columns at 4 warps, 64: 141 registers) still
+    takes twice the warps."""
     t = cfg.tile
     # the plain entry's rows per tile by row count were measured without a gate: none carry over
     cfg = cfg.replace(rows_block_m=())
