@@ -946,9 +946,10 @@ def test_two_piece_configs():
 
 def test_gated_forward_has_its_own_key(monkeypatch):
     # a gated launch looks up the "gated" forward key: a table entry where one is measured,
-    # else the plain tile with half the rows (twice the warps at one row) and none of the plain
-    # entry's rows per tile by row count (measured without a gate; at one row the warps
-    # double, which would change a row's sum between counts); plain launches keep the plain tile
+    # else the plain tile with half the rows (at one row: its own warps up to
+    # GATED_ONE_ROW_ELEMS elements a thread, twice them past that) and none of the plain
+    # entry's rows per tile by row count (measured without a gate); plain launches keep the
+    # plain tile
     from trainnorm.configs import table
     from trainnorm.variant import Variant
     gate, none = Variant(gate="silu"), Variant()
@@ -956,9 +957,11 @@ def test_gated_forward_has_its_own_key(monkeypatch):
     for hidden in (64, 128, 1000, 4096, 5120, 6144):
         plain = configs.forward_config(configs.forward_key(hidden, 2))
         gated = configs.forward_config(configs.forward_key(hidden, 2, gated=True))
-        half = (plain.replace(block_m=plain.block_m // 2) if plain.block_m >= 2 else
-                plain.replace(num_warps=min(16, 2 * plain.num_warps)))
-        assert gated == half.replace(rows_block_m=()) != plain, hidden
+        t = plain.tile
+        half = (plain.replace(block_m=t.block_m // 2) if t.block_m >= 2 else
+                plain if t.block_n // (32 * t.num_warps) <= configs.GATED_ONE_ROW_ELEMS else
+                plain.replace(num_warps=min(16, 2 * t.num_warps)))
+        assert gated == half.replace(rows_block_m=()) != plain, hidden    # 5120 keeps its tile, not its windows
         assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, gate).cfg == gated
         assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, none).cfg == plain
         # a float32 weight keeps the weight_fp32 lookup, gated or not (the rule: 16-bit weights)
