@@ -1,11 +1,11 @@
 """Command line: `trainnorm demo | verify | bench`, and the development tools
-`trainnorm tune | soak | compile-check | ncu | multigpu` (trainnorm.dev)."""
+`trainnorm tune | soak | compile-check | launches | ncu | multigpu` (trainnorm.dev)."""
 from __future__ import annotations
 
 import importlib
 import sys
 
-USAGE = """usage: trainnorm {demo,verify,bench,tune,soak,compile-check,ncu,multigpu} [options]
+USAGE = """usage: trainnorm {demo,verify,bench,tune,soak,compile-check,launches,ncu,multigpu} [options]
 
   demo           train a tiny model twice on this machine (GPU, or the CPU path): bitwise
                  reproducibility, and on a GPU the norm's time against torch
@@ -16,6 +16,7 @@ development tools (python -m trainnorm.dev.NAME; `trainnorm COMMAND --help`):
   tune           time kernel configurations on the GPU; writes a copy of the measured table
   soak           random cases of every input class against the FP64 reference
   compile-check  compile every kernel form for sm_90 without a GPU: registers, spills
+  launches       every launch (kernel, grid, arguments) of the bench's rows, without a GPU
   ncu            Nsight Compute counters of bench rows; the launch floor (GPU)
   multigpu       DDP / FSDP2 / sequence-parallel checks (under torchrun)
 """
@@ -27,6 +28,7 @@ COMMANDS = {
     "tune": "trainnorm.dev.tune",
     "soak": "trainnorm.dev.soak",
     "compile-check": "trainnorm.dev.compile_check",
+    "launches": "trainnorm.dev.launches",
     "ncu": "trainnorm.dev.ncu_rows",
     "multigpu": "trainnorm.dev.multigpu",
 }

@@ -103,15 +103,18 @@ def row_generator(row: Row, device, seed: int = 0) -> torch.Generator:
     return gen
 
 
-def make_row_data(row: Row, device, seed: int = 0) -> RowData:
+def make_row_data(row: Row, device, seed: int = 0, fill: bool = True) -> RowData:
     """Standard-normal activations and gradients, weight 1 + 0.1 N(0, 1) (with a weight
     offset, (1 - offset) + 0.1 N(0, 1): the same scale offset + w); a seed per row id.
-    r and dh are float32 on "res r32" rows."""
+    r and dh are float32 on "res r32" rows. fill False: the same shapes, dtypes and layouts
+    left uninitialised (what the launches a row makes depend on; trainnorm.dev.launches)."""
     if row.block:
         raise ValueError(f"row {row.id!r} is a block row: its data is bench.block.make_block_data's")
-    gen = row_generator(row, device, seed)
+    gen = row_generator(row, device, seed) if fill else None
 
     def randn(*shape, dtype=ACT_DTYPE):
+        if not fill:
+            return torch.empty(shape, device=device, dtype=dtype)
         return torch.randn(shape, generator=gen, device=device, dtype=dtype)
 
     base = None

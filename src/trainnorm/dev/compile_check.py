@@ -59,7 +59,7 @@ class Launches:
         self.forms: dict = {}
         self._binders: dict = {}
 
-    def add(self, kernel, args, kw) -> None:
+    def add(self, kernel, args, kw, grid=None) -> None:
         from triton.runtime.jit import create_function_from_signature
         binder = self._binders.get(kernel)
         if binder is None:
@@ -83,14 +83,15 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kw):
-            self.launches.add(self.kernel, args, kw)
+            self.launches.add(self.kernel, args, kw, grid)
         return launch
 
 
 @contextlib.contextmanager
-def recording(launches: Launches):
-    """Within the block the package's launches are recorded into `launches`, not run: the
-    dispatcher takes CPU tensors for device tensors, and each of its kernels is a recorder."""
+def recording(launches):
+    """Within the block the package's launches are recorded into `launches` (a Launches, or
+    any object with add(kernel, args, kwargs, grid)), not run: the dispatcher takes CPU
+    tensors for device tensors, and each of its kernels is a recorder."""
     from trainnorm import dispatch, kernels
     saved = {"runs_kernels": dispatch.runs_kernels}
     saved.update({name: getattr(dispatch, name) for name in kernels.__all__})

@@ -1,0 +1,44 @@
+"""trainnorm.dev.launches: every launch of the bench's rows, recorded on the CPU."""
+import pytest
+
+from trainnorm import configs
+from trainnorm.bench import shapes
+from trainnorm.dev import launches
+
+
+def _row(rid):
+    return next(r for r in shapes.all_rows() if r.id == rid)
+
+
+@pytest.mark.parametrize("rid", ["H512 T256", "[T,24,256] T1024", "H4096 T1024 gate", "H6144 T4096 res w32"])
+def test_row_launches_name_every_kernel_of_both_modes(rid):
+    lines = launches.row_launches(_row(rid))
+    by = {}
+    for line in lines:
+        head, launch = line.split(": ", 1)
+        by.setdefault(head, []).append(launch)
+    assert set(by) == {"fwd trainnorm", "bwd trainnorm", "fwd trainnorm-fast", "bwd trainnorm-fast"}, lines
+    assert by["fwd trainnorm"] == by["fwd trainnorm-fast"], "both modes run the same forward"
+    assert all(" grid [" in launch and "num_warps=" in launch for launch in sum(by.values(), []))
+    assert by["fwd trainnorm"][0].startswith("fwd_"), by["fwd trainnorm"]
+    if "[T,24,256]" in rid:       # the strided view is read in place: its strides are in the line
+        assert "[12288, 512, 1]" in by["fwd trainnorm"][0]
+
+
+def test_a_config_change_shows_in_the_lines_of_its_op_only():
+    row = _row("H512 T4096")
+    before = launches.row_launches(row)
+    with configs.override(backward=lambda key, cur: cur.replace(max_chunks=66, rows_max_chunks=())):
+        after = launches.row_launches(row)
+    fwd = lambda ls: [x for x in ls if x.startswith("fwd ")]
+    bwd = lambda ls: [x for x in ls if x.startswith("bwd ")]
+    assert fwd(before) == fwd(after)
+    assert bwd(before) != bwd(after)
+
+
+def test_main_lists_the_selected_rows(capsys):
+    assert launches.main(["--set", "default,block", "--shapes", "^H512 T256$", "--shapes", "block T4096"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("H512 T256 | ") for line in out if "block" not in line)
+    assert any("decoder block" in line for line in out)
+    assert launches.main(["--set", "nonsense"]) == 2
