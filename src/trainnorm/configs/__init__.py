@@ -137,6 +137,11 @@ def _row_windows(part, name: str, what: str, power_of_two: bool) -> None:
                          f"{'a power of two' if power_of_two else 'at least 1'}, got {getattr(part, name)}")
 
 
+def _in_windows(windows: tuple, rows: int, default: int) -> int:
+    """The value of the first ((max_rows, value), ...) window holding `rows`, else `default`."""
+    return next((v for top, v in windows if rows <= top), default)
+
+
 def _col_tiles(tile, hidden: int) -> int:
     if tile.block_n2:
         if hidden > tile.block_n + tile.block_n2:
@@ -220,7 +225,7 @@ class FwdConfig(_Parts):
 
     def tile_rows(self, rows: int) -> int:
         """Rows per tile for a launch over `rows` rows (FwdSchedule.rows_block_m)."""
-        return next((bm for top, bm in self.schedule.rows_block_m if rows <= top), self.tile.block_m)
+        return _in_windows(self.schedule.rows_block_m, rows, self.tile.block_m)
 
 
 @dataclass(frozen=True)
@@ -255,7 +260,7 @@ class BwdTile:
 
     def chunks_at_most(self, rows: int) -> int:
         """The most chunks a launch over `rows` rows takes (rows_max_chunks, else max_chunks)."""
-        return next((m for top, m in self.rows_max_chunks if rows <= top), self.max_chunks)
+        return _in_windows(self.rows_max_chunks, rows, self.max_chunks)
 
     def col_tiles(self, hidden: int) -> int:
         return _col_tiles(self, hidden)

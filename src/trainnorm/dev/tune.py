@@ -1176,6 +1176,16 @@ def probe_gated_backward(run: Run, cases=GATED_PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+def _bwd_inputs(run: Run, hidden: int, rows: int):
+    """(x, w, dy, rstd) of a plain bf16 backward probe: standard-normal rows and gradient,
+    weight 1 + 0.1 N(0, 1), rstd from trainnorm's forward."""
+    x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
+    dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
+    _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+    return x, w, dy, rstd
+
+
 def _time_bwd_candidates(run: Run, cands: dict, what: str, dy, x, w, rstd, z=None) -> dict:
     """{name: us} of the deterministic backward under each config of cands (gated with z),
     each with the workspace its chunking needs, interleaved; a candidate whose outputs are not
@@ -1203,10 +1213,7 @@ def probe_defaults(run: Run, cases=PROBE_CASES) -> None:
     case's candidates interleaved; raw times to probe-defaults.json. Writes no table: the
     rules are code (configs/__init__.py), whose comments cite these times."""
     for hidden, rows in cases:
-        x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
-        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
-        dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
-        _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+        x, w, dy, rstd = _bwd_inputs(run, hidden, rows)
         bwd, fwd = default_edits(hidden)
         times = {"bwd": _time_bwd_candidates(run, bwd, f"bwd H{hidden} rows {rows}", dy, x, w, rstd)}
         fns, outs = {}, {}
@@ -1251,10 +1258,7 @@ def probe_chunks(run: Run, cases=CHUNK_PROBE_CASES) -> None:
     under fewer chunks (chunk_edits), interleaved; a candidate whose outputs are not the
     rule's up to the reduction order is left out. Raw times to probe-chunks.json; no table."""
     for hidden, rows in cases:
-        x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
-        w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
-        dy = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
-        _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+        x, w, dy, rstd = _bwd_inputs(run, hidden, rows)
         cands = chunk_edits(hidden, rows)
         what = f"chunks bwd H{hidden} rows {rows}"
         _record_probe(run, what, _time_bwd_candidates(run, cands, what, dy, x, w, rstd), cands, "probe-chunks.json")
@@ -1405,6 +1409,14 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 
 # --- command line ---------------------------------------------------------------------------
 
+PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency")
+
+
+def _probing(args) -> bool:
+    """Whether the command line asks for a probe (raw times, no table) rather than a sweep."""
+    return any(getattr(args, name) for name in PROBES)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m trainnorm.dev.tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1440,8 +1452,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
-    if args.cases and not (args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule
-                           or args.probe_chunks):
+    if args.cases and not _probing(args):
         p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream or --probe-latency")
     return args
 
@@ -1471,7 +1482,7 @@ def main(argv=None) -> int:
         print(s, flush=True)
         log_lines.append(s)
 
-    probe = args.probe_defaults or args.probe_stream or args.probe_latency or args.probe_schedule or args.probe_chunks
+    probe = _probing(args)
     run = Run(table=start_table(path, arch), table_path=None if probe else path, out=args.out,
               device=dev, flush=L2Flush(dev), log=log)
     log(f"tune: {torch.cuda.get_device_name(dev)} ({arch}), torch {torch.__version__}; table {path}")
