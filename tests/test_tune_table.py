@@ -201,11 +201,12 @@ def test_default_backward_takes_few_chunks_at_4096_columns_up_to_16384_rows():
 
 
 def test_gated_backward_halves_each_threads_share():
-    # a width without a gated entry: the plain tile at twice the warps, or, where it has 16
-    # already (the rule's two rows of 2049-4096 columns), half the rows; one row at 16 warps
-    # stays (configs.gated_from_plain)
-    for hidden, plain, gated in ((1792, (2, 8), (2, 16)), (2304, (2, 16), (1, 16)), (3584, (2, 16), (1, 16)),
-                                 (5376, (1, 16), (1, 16)), (1024, (2, 4), (2, 8))):
+    # a width without a gated entry: the plain tile with half the rows (the table's H2048 and
+    # H512 entries, the rules' tiles), or, where it has one row, twice the warps up to 16
+    # (the table's H5120 entry); one row at 16 warps stays (configs.gated_from_plain)
+    for hidden, plain, gated in ((1792, (2, 8), (1, 8)), (2304, (2, 16), (1, 16)), (3584, (2, 16), (1, 16)),
+                                 (5376, (1, 16), (1, 16)), (1024, (2, 4), (1, 4)), (2048, (4, 8), (2, 8)),
+                                 (512, (8, 4), (4, 4)), (5120, (1, 8), (1, 16))):
         p = configs.backward_config(configs.backward_key(hidden, 2)).tile
         g = configs.backward_config(configs.backward_key(hidden, 2, gated=True)).tile
         assert ((p.block_m, p.num_warps), (g.block_m, g.num_warps)) == (plain, gated), hidden

@@ -486,23 +486,29 @@ def gated_from_plain(cfg: BwdConfig) -> BwdConfig:
 
     The gated backward also holds z, a(z) and dz per element: with the plain
     tiles ptxas (CUDA 13.4, via Triton 3.9) spills up to ~8 KB per thread (H512
-    bm16 w4; `trainnorm.dev.compile_check`). Twice the warps halve each
-    thread's share of the tile. On the H200 this rule left H 128 (the default
-    16 x 128 tile at 16 warps) at 17-18% of the copy floor and H 4096 at 35-61%
-    (docs/benchmarks/h200.md): `trainnorm.dev.tune --sweep-bwd --gated` measures
-    entries instead. The small-T windows were measured without a gate and do
-    not carry over.
-
-    A plain tile that already has 16 warps (the rule's two rows of 2049-4096 columns)
-    halves its rows instead: its gated tile at 16 warps spilled 120-172 bytes a thread
-    (compile_check, Triton 3.6, H 2304 and 3584), one row at 16 warps none (127
-    registers). On an H100 (docs/benchmarks/tune/h100-defaults-cb872d0.txt; us, two rows
-    -> one row, both at 16 warps): H2304 T4096 74.94 -> 54.75, T16384 254.67 -> 183.04;
-    H3584 T4096 91.68 -> 65.41, T65536 1202.90 -> 839.33 (one row at 8 warps: 54.34,
-    180.69, 65.18, 848.06)."""
+    bm16 w4; `trainnorm.dev.compile_check`). The gated tile halves each thread's
+    share: half the rows where the plain tile has two or more, else (one row) twice
+    the warps, up to 16. Halving the rows keeps the warps, so the programs per SM the
+    plain entry was measured with still fit; twice the warps at 4 programs per SM
+    (H2048's bm4 w8 entry) asked for 64 warps an SM. On the H200 (trainnorm.dev.tune
+    --probe-defaults --gated, docs/benchmarks/tune/h200-probes-8e91def.txt; us, H2048
+    over 16384 rows): bm4 w16 (twice the warps, the rule before) 316.58, the plain
+    bm4 w8 142.21, bm2 w8 (half the rows) 109.82. The rule before had already taken
+    half the rows for a plain tile of 16 warps (the default's two rows of 2049-4096
+    columns): its gated tile at 16 warps spilled 120-172 bytes a thread (compile_check,
+    Triton 3.6, H 2304 and 3584), one row at 16 warps none (127 registers); on an H100
+    (docs/benchmarks/tune/h100-defaults-cb872d0.txt; us, two rows -> one row, both at 16
+    warps): H2304 T4096 74.94 -> 54.75, T16384 254.67 -> 183.04; H3584 T4096 91.68 ->
+    65.41, T65536 1202.90 -> 839.33 (one row at 8 warps: 54.34, 180.69, 65.18, 848.06;
+    on the H200 53.97 against 54.40 at H2304 T4096, 718.85 against 748.18 at H3584
+    T65536: timing only, kept). On the H200 this file's first rule (twice the warps
+    everywhere) left H 128 (the default 16 x 128 tile at 16 warps) at 17-18% of the copy
+    floor and H 4096 at 35-61% (docs/benchmarks/h200.md): `trainnorm.dev.tune --sweep-bwd
+    --gated` measures entries instead. The small-T windows were measured without a gate
+    and do not carry over."""
     t = cfg.tile
-    share = dict(num_warps=2 * t.num_warps) if t.num_warps < 16 else \
-        dict(block_m=t.block_m // 2) if t.block_m >= 2 else {}
+    share = dict(block_m=t.block_m // 2) if t.block_m >= 2 else \
+        dict(num_warps=2 * t.num_warps) if t.num_warps < 16 else {}
     return BwdConfig(replace(t, slice_block_m=16, slice_block_n=128, **share),
                      BwdWindows(atomic_min_rows=cfg.windows.atomic_min_rows),
                      replace(cfg.schedule, direct_prefetch=None, direct_tma_stages=None))
