@@ -237,7 +237,8 @@ def test_chunk_stages_no_deeper_than_its_tiles(device, use_configs, prefetch):
     # config's descriptor loads kept), with the same bits as the config's depth
     hidden = 256
     cfg = bwd_config(hidden).replace(block_m=2, tma_stages=4, prefetch=prefetch, direct_max_rows=0,
-                                     slices_max_rows=0, min_rows_per_chunk=2, max_chunks=8)
+                                     slices_max_rows=0, min_rows_per_chunk=2, max_chunks=8,
+                                     rows_max_chunks=())
     use_configs(backward=cfg)
     got = {}
     for rows in (2, 6, 16, 24, 64, 300):
