@@ -1069,10 +1069,7 @@ def _time_bit_equal(run: Run, what: str, fns: dict, outs: dict, cands: dict, n_c
 def _probe_bwd_schedule(run: Run, hidden: int, rows: int) -> None:
     own = configs.backward_config(configs.backward_key(hidden, ELT))
     cands = {"entry": own, **bwd_schedule_edits(own)}
-    x = torch.randn(rows, hidden, device=run.device).to(torch.bfloat16)
-    w = (1 + 0.1 * torch.randn(hidden, device=run.device)).to(torch.bfloat16)
-    dy = torch.randn_like(x)
-    _, rstd, _ = trainnorm.rms_norm_forward(x, w)
+    x, w, dy, rstd = _bwd_inputs(run, hidden, rows)
     ws = _workspace(own, hidden, rows, True, run.device, False)
     for res in (False, True):
         dh = torch.randn_like(x) if res else None
