@@ -213,6 +213,7 @@ def test_gated_backward_halves_each_threads_share():
         assert (g.block_n, g.rows_max_chunks, g.min_rows_per_chunk) == (p.block_n, p.rows_max_chunks,
                                                                         p.min_rows_per_chunk), hidden
 
+
 def test_gated_forward_halves_each_threads_share():
     # a gated forward (no table entry holds one): the plain tile with half its rows; a one-row
     # tile keeps its warps up to GATED_ONE_ROW_ELEMS elements a thread, past them twice the warps
@@ -227,6 +228,7 @@ def test_gated_forward_halves_each_threads_share():
         assert g.tile.block_n == p.tile.block_n and g.schedule.rows_block_m == (), hidden
     # where the rule is the plain tile the probe times it once
     assert "plain tile" not in tune.gated_forward_edits(2304) and "w*2" in tune.gated_forward_edits(2304)
+
 
 def test_atomic_min_rows():
     # (det us, atomic us, rows) per T: from the first count from which the atomic form is never slower
@@ -478,6 +480,7 @@ def test_probe_chunks_times_the_entry_against_fewer_chunks(tmp_path, monkeypatch
     assert not (tmp_path / "sm_90.json").exists()
     # a case that takes no more chunks than the smallest cap: the rule alone
     assert set(tune.chunk_edits(256, 64)) == {"rule"}
+
 
 def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_path, monkeypatch, device):
     # --probe-schedule: a forward entry and the edits that keep its bits, without and with a
