@@ -575,6 +575,29 @@ def test_forward_descriptors_only_where_a_program_takes_several_tiles(device, mo
         assert_bits_equal(a, b[:8], "8 rows alone vs the same rows in 9")
 
 
+def test_forward_residual_plain(device, monkeypatch):
+    # residual_plain: a descriptor config reads the rows plainly, one program a tile, when a
+    # residual is read beside x, and through descriptors without one; the bits are those of
+    # the descriptor form either way (41 rows in tiles of 4 over a simulated 2-SM GPU of one
+    # program each: several tiles a program, so the descriptor form would run)
+    hidden = 96
+    case = make_case("outlier", (41,), hidden, residual=True, seed=11, device=device)
+    cfg = fwd_config(hidden, case.x.dtype, case.weight.dtype).replace(block_m=4, ctas_per_sm=1, tma_stages=3)
+    made = record_descriptors(monkeypatch)
+    for residual in (case.residual, None):
+        outs = {}
+        for name, c in (("residual_plain", cfg.replace(residual_plain=True)), ("descriptors", cfg)):
+            with configs.override(forward=c), simulate_sm_count(2):
+                outs[name] = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=residual)
+            check_forward(case.x, case.weight, EPS, residual, *outs[name])
+            descriptors = name == "descriptors" or residual is None
+            assert len(made) == descriptors * (1 + (residual is not None)), \
+                f"{name}, residual {residual is not None}: descriptors made {len(made)}"
+            made.clear()
+        for a, b in zip(outs["residual_plain"], outs["descriptors"]):
+            assert_bits_equal(a, b, f"residual_plain vs descriptors (residual {residual is not None})")
+
+
 def test_forward_tma_needs_aligned_rows(device, monkeypatch):
     # a view whose row stride is not a multiple of 16 bytes is copied once and the copy
     # read through descriptors (rows.row_views); per-head rows (two-level strides) are

@@ -498,6 +498,8 @@ def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_pat
         assert set(got["times"]) == {"entry", *tune.schedule_edits(own, 6144)}
         assert {"plain loads", "plain loads weight rows", "plain loads weight late"} <= set(got["times"])
         assert got["configs"]["plain loads weight rows"]["tma_stages"] == 0
+        # the entry reads plainly with a residual (residual_plain): its descriptors an edit
+        assert own.residual_plain and got["configs"]["residual descriptors"]["residual_plain"] is False
         assert f"plain fwd H6144{res} rows 3" in raw
         # the backward's entry (descriptors 4 deep) against plain loads and the other depths
         bwd = raw[f"plain bwd H6144{res} rows 3"]

@@ -76,8 +76,10 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             # 6.18 -> 5.31, 256 8.42 -> 7.81, with a residual 256 10.34 -> 9.26, while at 512
             # rows (two tiles a program) descriptors led, 10.48 against 11.36; H1536 (tma3, 4
             # per SM) rows 64 5.17 -> 5.02, 512 6.37 -> 6.08, 1024 7.57 -> 7.22
+            # A residual on an entry with residual_plain: plain loads as well (configs.FwdSchedule)
+            plain = mixed or (rv is not None and cfg.residual_plain)
             grid = cfg.ctas_per_sm * sm_count(x.device) if cfg.tma_stages else tiles
-            stages = 0 if mixed or tiles <= grid else descriptor_stages(
+            stages = 0 if plain or tiles <= grid else descriptor_stages(
                 cfg.tma_stages, 1, nh, (xv, sxt), (rv, srt), elt=x.element_size(), block_n=cfg.block_n, hidden=hidden)
             if stages:
                 desc_x = row_descriptor(xv, sxt, rows, hidden, block_m, cfg.block_n)

@@ -202,6 +202,12 @@ class FwdSchedule:
     # the rows or after the sum of squares). Its own field: the gated forward takes the plain
     # entries' tiles, whose weight_read was timed without z and a(z) beside the weight. Timing only.
     gate_weight_read: str = ""
+    # with a residual stream (x and r read, h written beside y): plain loads, one program a
+    # row tile, where tma_stages would read the rows through descriptors. A row then moves
+    # twice the bytes, and the probes of H 6144's float32-weight entry had plain loads ahead
+    # with a residual and behind without one (dispatch.forward). Timing only: the same
+    # products in the same order.
+    residual_plain: bool = False
 
     def __post_init__(self):
         for name in ("weight_read", "gate_weight_read"):

@@ -1002,6 +1002,9 @@ def schedule_edits(cfg: FwdConfig, hidden: int, weight_reads: bool = True) -> di
         for st, ctas in ((3, 2), (3, 4), (4, 2)):
             if (st, ctas) != (cfg.schedule.tma_stages, cfg.schedule.ctas_per_sm):
                 out[f"tma{st} c{ctas}"] = cfg.replace(tma_stages=st, ctas_per_sm=ctas)
+        if cfg.schedule.residual_plain:
+            # with a residual, the descriptor form the entry leaves (no change without one)
+            out["residual descriptors"] = cfg.replace(residual_plain=False)
         if cfg.schedule.tma_stages:
             # the descriptor form's plain-load counterpart, with each weight read it can take
             for read in ("", "rows", "late") if weight_reads else ("",):
