@@ -1,4 +1,6 @@
 """trainnorm.dev.launches: every launch of the bench's rows, recorded on the CPU."""
+from pathlib import Path
+
 import pytest
 
 from trainnorm import configs
@@ -36,9 +38,27 @@ def test_a_config_change_shows_in_the_lines_of_its_op_only():
     assert bwd(before) != bwd(after)
 
 
+def test_kernels_digest_follows_the_kernels_source(tmp_path, monkeypatch):
+    # the digest covers every source file of trainnorm.kernels: a changed body changes it
+    import shutil
+
+    from trainnorm import kernels
+    before = launches.kernels_digest()
+    assert before == launches.kernels_digest() and len(before) == 40
+    copy = tmp_path / "kernels"
+    shutil.copytree(Path(kernels.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(kernels, "__file__", str(copy / "__init__.py"))
+    assert launches.kernels_digest() == before, "the same files, elsewhere"
+    forward = copy / "forward.py"
+    forward.write_text(forward.read_text() + "\n# a change\n")
+    assert launches.kernels_digest() != before
+
+
 def test_main_lists_the_selected_rows(capsys):
     assert launches.main(["--set", "default,block", "--shapes", "^H512 T256$", "--shapes", "block T4096"]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"# kernels' source sha1 {launches.kernels_digest()}"
+    out = out[1:]
     assert all(line.startswith("H512 T256 | ") for line in out if "block" not in line)
     assert any("decoder block" in line for line in out)
     assert launches.main(["--set", "nonsense"]) == 2

@@ -5,8 +5,11 @@ adapters (deterministic and fast) run their forward and backward on uninitialise
 tensors of the row's shapes, dtypes and layouts with the launches recorded instead of run
 (trainnorm.dev.compile_check.recording). Each line names the row, the op and mode, the
 kernel, its grid, and every argument: a tensor as dtype, shape and strides, a number or
-flag by value. Two trees that print the same lines launch the same kernels with the same
-configurations on every row, so a bench part run at one joins a part run at the other:
+flag by value. The first line is a digest of the kernels' source (kernels_digest): two
+trees that print the same lines, that one included, launch the same kernel code with the
+same configurations on every row, so a bench part run at one joins a part run at the other.
+Equal launch lines under another digest are not enough: a kernel's body may have changed
+(the one-tile forward's loop, 22b7663) while every argument stayed the same.
 
     PYTHONPATH=A/src python -m trainnorm.dev.launches --set default,beyond > a.txt
     PYTHONPATH=B/src python -m trainnorm.dev.launches --set default,beyond > b.txt
@@ -19,7 +22,9 @@ persistent grids as on a GPU of --sms multiprocessors (132: the H100 and H200).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
+from pathlib import Path
 
 import torch
 
@@ -46,6 +51,16 @@ class LaunchLog:
         grid = grid if isinstance(grid, tuple) else (grid,)
         parts = [_arg(a) for a in args] + [f"{k}={_arg(v)}" for k, v in sorted(kw.items())]
         self.lines.append(f"{kernel.fn.__name__} grid {list(grid)} " + " ".join(parts))
+
+
+def kernels_digest() -> str:
+    """sha1 over the kernels package's source files (each file's name and bytes, in name
+    order). Conservative: a change to a comment changes it too."""
+    from trainnorm import kernels
+    h = hashlib.sha1()
+    for f in sorted(Path(kernels.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def row_launches(row: shapes.Row, sms: int = 132) -> list[str]:
@@ -81,6 +96,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"launches: {exc}", file=sys.stderr)
         return 2
+    print(f"# kernels' source sha1 {kernels_digest()}")
     for row in rows:
         if row.block:
             print(f"{row.id}: a decoder block (its norms' launches are the block's; not listed)")
