@@ -462,6 +462,75 @@ def test_skip_done_leaves_out_only_rows_measured_for_every_op(tmp_path, capsys):
     assert out.startswith("1 rows x 3 ops") and "H4096 T4096" in out
 
 
+def _three_ops(rid, ratio=1.0):
+    return [(rid, op, ratio if op != "fwd" else None) for op in ("fwd", "bwd", "step")]
+
+
+def test_reuse_takes_rows_whose_launches_and_versions_match(tmp_path):
+    # an earlier run of three rows, one cut after fwd; this run's fingerprints match two of them
+    old = fake_result(_three_ops("H4096 T1024") + _three_ops("H4096 T4096", 1.1) + [("H4096 T16384", "fwd", None)])
+    old.env = dict(old.env, triton="3.6.0")
+    old.launches = {"H4096 T1024": "a", "H4096 T4096": "b", "H4096 T16384": "c"}
+    report.write_outputs(old, str(tmp_path), plots=False)
+    back = report.from_json(json.loads((tmp_path / "bench.json").read_text()))
+    assert back.launches == old.launches, "bench.json keeps each row's fingerprint"
+    env = dict(old.env)
+    ops = ["fwd", "bwd", "step"]
+    prints = {"H4096 T1024": "a", "H4096 T4096": "B", "H4096 T16384": "c"}
+    (part,) = run.reusable([("old.json", back)], prints, env, ops)
+    # T4096's launches changed (another fingerprint); T16384 lacks bwd and step
+    assert [r.id for r in part.rows] == ["H4096 T1024"] and part.launches == {"H4096 T1024": "a"}
+    assert {m.row for m in part.measurements} == {"H4096 T1024"}
+    (part,) = run.reusable([("old.json", back)], prints, env, ["fwd"])
+    assert [r.id for r in part.rows] == ["H4096 T1024", "H4096 T16384"]
+    # a row this tree has no fingerprint for (a block row; fingerprints not taken) is never taken
+    assert run.reusable([("old.json", back)], {}, env, ops)[0].rows == []
+    # another GPU, Triton or peer version: an error naming the file and the field
+    for k, v in (("gpu", "NVIDIA H100 80GB HBM3"), ("triton", "3.7.0"), ("peers", {"liger": "0.9.0"})):
+        with pytest.raises(ValueError, match=f"old.json ran .*{'liger' if k == 'peers' else k}"):
+            run.reusable([("old.json", back)], prints, dict(env, **{k: v}), ops)
+
+
+def test_merge_keeps_the_fingerprint_of_the_part_each_rows_cells_come_from():
+    a = fake_result(_three_ops("H4096 T1024") + _three_ops("H4096 T4096"))
+    a.launches = {"H4096 T1024": "a1", "H4096 T4096": "a4"}
+    b = fake_result(_three_ops("H4096 T4096", 0.9))
+    b.launches = {"H4096 T4096": "b4"}
+    m = report.merge([a, b])
+    assert m.launches == {"H4096 T1024": "a1", "H4096 T4096": "b4"}
+    assert report.subset(m, ["H4096 T1024"]).launches == {"H4096 T1024": "a1"}
+    assert {x.row for x in report.subset(m, ["H4096 T1024"]).measurements} == {"H4096 T1024"}
+
+
+def test_fingerprints_follow_the_rows_launches_and_the_kernels_source():
+    from trainnorm import configs
+    from trainnorm.dev import launches
+    rows = by_id()
+    a = run.fingerprints([rows["H512 T4096"], rows["H4096 T1024"], rows["block T4096"]], 132)
+    assert set(a) == {"H512 T4096", "H4096 T1024"}, "block rows have none"
+    with configs.override(backward=lambda key, cur: cur.replace(max_chunks=66, rows_max_chunks=())
+                          if key.hidden == 512 else cur):
+        b = run.fingerprints([rows["H512 T4096"], rows["H4096 T1024"]], 132)
+    assert b["H512 T4096"] != a["H512 T4096"] and b["H4096 T1024"] == a["H4096 T1024"]
+    assert launches.fingerprint(rows["H4096 T1024"], 132, digest="another source") != a["H4096 T1024"]
+
+
+@pytest.mark.gpu
+def test_reuse_end_to_end(tmp_path, capsys):
+    # a one-row run, then the same selection with --reuse of it: the row is taken (its cells
+    # and fingerprint carried over), nothing is timed again
+    args = ["--shapes", "^H512 T256$", "--impls", "trainnorm,trainnorm-fast,eager", "--passes", "1",
+            "--samples", "2", "--ops", "fwd,bwd"]
+    assert run.main(args + ["--out", str(tmp_path / "a")]) == 0
+    a = json.loads((tmp_path / "a" / "bench.json").read_text())
+    assert set(a["launches"]) == {"H512 T256"} and len(a["launches"]["H512 T256"]) == 40
+    capsys.readouterr()
+    assert run.main(args + ["--out", str(tmp_path / "b"), "--reuse", str(tmp_path / "a" / "bench.json")]) == 0
+    assert "1 of 1 rows taken" in capsys.readouterr().err
+    b = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert b["measurements"] == a["measurements"] and b["launches"] == a["launches"]
+
+
 # --- rows beyond the measured table ---------------------------------------------------------
 
 def test_beyond_rows_are_public_widths_the_table_does_not_hold():

@@ -79,6 +79,9 @@ class BenchResult:
     copy_bytes_per_s: float | None
     measurements: list[Measurement]
     unavailable: dict[str, str] = field(default_factory=dict)
+    # row id -> the launches' fingerprint at the run's tree (trainnorm.dev.launches.fingerprint:
+    # its kernels' source and every launch of the row); what `trainnorm bench --reuse` compares
+    launches: dict[str, str] = field(default_factory=dict)
 
     def floor_us(self, row: Row, op: str) -> float | None:
         if not self.copy_bytes_per_s or not row.has_floor:
@@ -531,6 +534,7 @@ def to_json(result: BenchResult) -> dict:
         "ops": list(result.ops),
         "impls": list(result.impls),
         "unavailable": dict(result.unavailable),
+        "launches": dict(result.launches),
         "rows": [_row_json(r, result) for r in result.rows],
         "measurements": [asdict(m) for m in result.measurements],
         "comparisons": [{
@@ -559,7 +563,16 @@ def from_json(data: dict) -> BenchResult:
         data["env"], data["config"], [rows[r["id"]] for r in data["rows"]], list(data["ops"]),
         list(data["impls"]), data["copy_bandwidth_bytes_per_s"],
         [Measurement(**{k: v for k, v in m.items() if k in fields}) for m in data["measurements"]],
-        dict(data.get("unavailable", {})))
+        dict(data.get("unavailable", {})), dict(data.get("launches", {})))
+
+
+def subset(result: BenchResult, row_ids) -> BenchResult:
+    """The same run restricted to the rows `row_ids` (its rows, cells and fingerprints)."""
+    keep = set(row_ids)
+    return BenchResult(result.env, result.config, [r for r in result.rows if r.id in keep], list(result.ops),
+                       list(result.impls), result.copy_bytes_per_s,
+                       [m for m in result.measurements if m.row in keep], dict(result.unavailable),
+                       {k: v for k, v in result.launches.items() if k in keep})
 
 
 def merge(parts: list[BenchResult]) -> BenchResult:
@@ -595,8 +608,13 @@ def merge(parts: list[BenchResult]) -> BenchResult:
     config = dict(parts[-1].config, rows=shapes.describe(rows))    # the merged rows, not the last part's
     if len({p.config.get("compile warm-up") for p in parts}) > 1:
         config["compile warm-up"] = "per part: see `merged from`"
+    # a row's fingerprint is that of the part its cells come from (a later part's wins, as its cells do)
+    launches = {}
+    for p, got in zip(parts, reached):
+        launches.update({k: v for k, v in p.launches.items() if k in got})
     return BenchResult(env, config, rows, ops, impls,
-                       bws[len(bws) // 2] if bws else None, list(cells.values()), unavailable)
+                       bws[len(bws) // 2] if bws else None, list(cells.values()), unavailable,
+                       {r.id: launches[r.id] for r in rows if r.id in launches})
 
 
 # --- plots ----------------------------------------------------------------------------------

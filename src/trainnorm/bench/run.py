@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-done", nargs="+", metavar="BENCH_JSON",
                    help="leave out the rows that these earlier bench.json files measured (finish a run "
                         "cut short; join the parts with --merge)")
+    p.add_argument("--reuse", nargs="+", metavar="BENCH_JSON",
+                   help="take from these earlier bench.json files every selected row whose launches' "
+                        "fingerprint (the kernels' source and every launch of the row: trainnorm launches) "
+                        "equals this tree's, measured for every op on the same GPU, torch, Triton and "
+                        "peers' versions; time only the others, and write one report of all of them")
     p.add_argument("--list", action="store_true", help="print the selected rows and implementations, run nothing")
     p.add_argument("--merge", nargs="+", metavar="BENCH_JSON",
                    help="run nothing: merge the bench.json files of runs over different rows into one "
@@ -271,6 +276,48 @@ def make_adapters(rows: list[shapes.Row], names: list[str]) -> tuple[list[Impl],
     return norm, block
 
 
+def fingerprints(rows: list[shapes.Row], sms: int) -> dict[str, str]:
+    """Each norm row's launch fingerprint (trainnorm.dev.launches.fingerprint, taken on the
+    CPU with the dispatcher seeing `sms` multiprocessors). Where they cannot be taken the run
+    goes on without them, said on stderr: its rows then cannot be reused."""
+    try:
+        from trainnorm.dev import launches
+        digest = launches.kernels_digest()
+        return {r.id: launches.fingerprint(r, sms, digest) for r in rows if not r.block}
+    except Exception as exc:    # noqa: BLE001 (the timing does not depend on them)
+        print(f"trainnorm bench: no launch fingerprints ({type(exc).__name__}: {first_line(exc)}); "
+              "this run's rows cannot be reused", file=sys.stderr)
+        return {}
+
+
+# what a reused part must share with this run, besides each row's fingerprint
+REUSE_ENV = ("gpu", "sm_count", "torch", "triton")
+
+
+def reusable(parts: list[tuple[str, BenchResult]], prints: dict[str, str], env: dict,
+             ops: list[str]) -> list[BenchResult]:
+    """Each (path, part) restricted to the rows it can give this run: measured for every op in
+    `ops`, with the fingerprint `prints` holds for the row (rows without one, and block rows,
+    are never reused). A part run on another GPU, torch, Triton or peer version (every peer
+    this run times) is an error: its rows would not compare with this run's."""
+    out = []
+    for path, part in parts:
+        for k in REUSE_ENV:
+            if part.env.get(k) != env.get(k):
+                raise ValueError(f"--reuse: {path} ran with {k} {part.env.get(k)!r}, this run has {env.get(k)!r}")
+        theirs = part.env.get("peers", {})
+        for name, version in env.get("peers", {}).items():
+            if theirs.get(name) != version:
+                raise ValueError(f"--reuse: {path} ran {name} {theirs.get(name)!r}, this run has {version!r}")
+        seen: dict[str, set] = {}
+        for m in part.measurements:
+            seen.setdefault(m.row, set()).add(m.op)
+        ids = [r.id for r in part.rows if set(ops) <= seen.get(r.id, set())
+               and prints.get(r.id) is not None and part.launches.get(r.id) == prints[r.id]]
+        out.append(report.subset(part, ids))
+    return out
+
+
 def row_data(row: shapes.Row, device):
     return make_block_data(row, device, SEED) if row.block else make_row_data(row, device, SEED)
 
@@ -463,6 +510,24 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
     if not active:
         return _err("none of the selected implementations is available")
 
+    env = environment(device, wanted, unavailable)
+    prints = fingerprints(rows, env["sm_count"])
+    reused: list[BenchResult] = []
+    if args.reuse:
+        try:
+            parts = []
+            for path in args.reuse:
+                with open(path) as f:
+                    parts.append((path, report.from_json(json.load(f))))
+            reused = [p for p in reusable(parts, prints, env, ops) if p.rows]
+        except (OSError, ValueError, KeyError) as exc:
+            return _err(str(exc))
+        taken = {r.id for p in reused for r in p.rows}
+        print(f"trainnorm bench: {len(taken)} of {len(rows)} rows taken from {', '.join(args.reuse)} "
+              "(the same launches and kernels' source)", file=sys.stderr)
+        rows = [r for r in rows if r.id not in taken]
+        if not rows:
+            return _report(report.merge(reused), args.out, interrupted=False)
     if args.jobs > 0:
         warm_caches(rows, ops, impl_names(active), args.jobs)
     if args.warm_only:
@@ -470,7 +535,6 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
     stream = torch.cuda.Stream(device)
     interrupted = False
     with torch.cuda.device(device), torch.cuda.stream(stream):
-        env = environment(device, wanted, unavailable)
         config = {
             "rows": shapes.describe(rows),
             "ops": ",".join(ops),
@@ -495,20 +559,26 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
         print(f"trainnorm bench: {env['gpu']} ({env['sm_count']} SMs); measuring copy bandwidth", file=sys.stderr)
         bw = timing.copy_bandwidth(device)
         flush = timing.L2Flush(device)
-        result = BenchResult(env, config, rows, ops, impl_names(active), bw, [], unavailable)
+        result = BenchResult(env, config, rows, ops, impl_names(active), bw, [], unavailable,
+                             {r.id: prints[r.id] for r in rows if r.id in prints})
+        with_reused = lambda: report.merge(reused + [result]) if reused else result
         progress = Progress(len(rows) * len(ops))
         try:
             for row in rows:
                 result.measurements += bench_row(row, block if row.block else norm, ops, flush, stream,
                                                  args.passes, samples, progress)
-                report.write_outputs(result, args.out, plots=False)
+                report.write_outputs(with_reused(), args.out, plots=False)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             progress.close()
         after = nvidia_smi(device.index or 0)
         env["clocks_after_run"] = ", ".join(f"{k} {v}" for k, v in after.items() if k != "driver")
-    paths, note = report.write_outputs(result, args.out)
+    return _report(with_reused(), args.out, interrupted)
+
+
+def _report(result: BenchResult, out: str, interrupted: bool) -> int:
+    paths, note = report.write_outputs(result, out)
     print("\n".join(report.summary_lines(result)))
     if note:
         print(f"trainnorm bench: {note}", file=sys.stderr)

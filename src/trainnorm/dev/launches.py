@@ -84,6 +84,19 @@ def row_launches(row: shapes.Row, sms: int = 132) -> list[str]:
     return out
 
 
+def fingerprint(row: shapes.Row, sms: int = 132, digest: str | None = None) -> str | None:
+    """sha1 over the kernels' source digest and the row's launch lines: equal at two trees
+    where they run the same kernel code with the same arguments on the row (what `trainnorm
+    bench --reuse` compares). None for a decoder-block row, whose norms run inside a compiled
+    model: such a row is never reused."""
+    if row.block:
+        return None
+    h = hashlib.sha1((digest or kernels_digest()).encode())
+    for line in row_launches(row, sms):
+        h.update(b"\n" + line.encode())
+    return h.hexdigest()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainnorm.dev.launches", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
