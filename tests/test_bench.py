@@ -502,7 +502,7 @@ def test_merge_keeps_the_fingerprint_of_the_part_each_rows_cells_come_from():
     assert {x.row for x in report.subset(m, ["H4096 T1024"]).measurements} == {"H4096 T1024"}
 
 
-def test_fingerprints_follow_the_rows_launches_and_the_kernels_source():
+def test_fingerprints_follow_the_rows_launches_and_the_kernels_source(monkeypatch):
     from trainnorm import configs
     from trainnorm.dev import launches
     rows = by_id()
@@ -513,6 +513,11 @@ def test_fingerprints_follow_the_rows_launches_and_the_kernels_source():
         b = run.fingerprints([rows["H512 T4096"], rows["H4096 T1024"]], 132)
     assert b["H512 T4096"] != a["H512 T4096"] and b["H4096 T1024"] == a["H4096 T1024"]
     assert launches.fingerprint(rows["H4096 T1024"], 132, digest="another source") != a["H4096 T1024"]
+    # a GPU whose architecture has a table of its own: none (the CPU's launches follow sm_90's)
+    assert run.fingerprints([rows["H4096 T1024"]], 132, "sm_90") == {"H4096 T1024": a["H4096 T1024"]}
+    from trainnorm.configs import table
+    monkeypatch.setattr(table, "archs", lambda: ("sm_90", "sm_100"))
+    assert run.fingerprints([rows["H4096 T1024"]], 132, "sm_100") == {}
 
 
 @pytest.mark.gpu

@@ -276,10 +276,17 @@ def make_adapters(rows: list[shapes.Row], names: list[str]) -> tuple[list[Impl],
     return norm, block
 
 
-def fingerprints(rows: list[shapes.Row], sms: int) -> dict[str, str]:
+def fingerprints(rows: list[shapes.Row], sms: int, arch: str | None = None) -> dict[str, str]:
     """Each norm row's launch fingerprint (trainnorm.dev.launches.fingerprint, taken on the
-    CPU with the dispatcher seeing `sms` multiprocessors). Where they cannot be taken the run
-    goes on without them, said on stderr: its rows then cannot be reused."""
+    CPU with the dispatcher seeing `sms` multiprocessors and the default architecture's
+    table). Where they cannot be taken (`arch`, the GPU's, has a table of its own; an error)
+    the run goes on without them, said on stderr: its rows then cannot be reused."""
+    from trainnorm import configs
+    from trainnorm.configs import table
+    if arch and arch != configs.DEFAULT_ARCH and arch in table.archs():
+        print(f"trainnorm bench: no launch fingerprints: {arch} has its own table, the CPU's launches "
+              f"follow {configs.DEFAULT_ARCH}'s; this run's rows cannot be reused", file=sys.stderr)
+        return {}
     try:
         from trainnorm.dev import launches
         digest = launches.kernels_digest()
@@ -511,7 +518,7 @@ def _run(args, rows: list[shapes.Row], ops: list[str], names: list[str], samples
         return _err("none of the selected implementations is available")
 
     env = environment(device, wanted, unavailable)
-    prints = fingerprints(rows, env["sm_count"])
+    prints = fingerprints(rows, env["sm_count"], "sm_" + env["compute_capability"].replace(".", ""))
     reused: list[BenchResult] = []
     if args.reuse:
         try:
