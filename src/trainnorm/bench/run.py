@@ -105,9 +105,14 @@ def done_rows(data: dict, ops: list[str]) -> set[str]:
 
     A cut run's "rows" lists every row it selected; only its "measurements"
     say which were reached (a row's cells are written when the whole row is)."""
+    return _rows_with_ops(((m["row"], m["op"]) for m in data["measurements"]), ops)
+
+
+def _rows_with_ops(cells, ops: list[str]) -> set[str]:
+    """The rows among (row, op) pairs that have every op in `ops`."""
     seen: dict[str, set[str]] = {}
-    for m in data["measurements"]:
-        seen.setdefault(m["row"], set()).add(m["op"])
+    for row, op in cells:
+        seen.setdefault(row, set()).add(op)
     return {rid for rid, got in seen.items() if set(ops) <= got}
 
 
@@ -316,10 +321,8 @@ def reusable(parts: list[tuple[str, BenchResult]], prints: dict[str, str], env: 
         for name, version in env.get("peers", {}).items():
             if theirs.get(name) != version:
                 raise ValueError(f"--reuse: {path} ran {name} {theirs.get(name)!r}, this run has {version!r}")
-        seen: dict[str, set] = {}
-        for m in part.measurements:
-            seen.setdefault(m.row, set()).add(m.op)
-        ids = [r.id for r in part.rows if set(ops) <= seen.get(r.id, set())
+        done = _rows_with_ops(((m.row, m.op) for m in part.measurements), ops)
+        ids = [r.id for r in part.rows if r.id in done
                and prints.get(r.id) is not None and part.launches.get(r.id) == prints[r.id]]
         out.append(report.subset(part, ids))
     return out
