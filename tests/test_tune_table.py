@@ -484,15 +484,20 @@ def test_probe_chunks_times_the_entry_against_fewer_chunks(tmp_path, monkeypatch
 
 def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_path, monkeypatch, device):
     # --probe-schedule: a forward entry and the edits that keep its bits, without and with a
-    # residual; a descriptor entry (H 6144 float32 weight) also with plain loads and each
-    # weight read. Every edit's y equals the entry's to the bit, so every one is timed
+    # residual; a descriptor entry (here the H 6144 float32-weight entry, whatever the table
+    # holds, made one: one row of 8192 columns, 4 warps, 4 deep, plain loads with a residual)
+    # also with plain loads and each weight read. Every edit's y equals the entry's to the
+    # bit, so every one is timed
     monkeypatch.setattr(tune, "time_fns", stub_timer([], lambda name, i: 1.0 + i))
     run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), table_path=None,
                    out=str(tmp_path), device=device, log=lambda s: None)
-    tune.probe_schedule(run, ((6144, 3),))
+    desc = configs.FwdConfig.from_fields(block_m=1, block_n=8192, num_warps=4, tma_stages=4, ctas_per_sm=2,
+                                         weight_read="rows", residual_plain=True)
+    with configs.override(forward=tune.only(6144, "weight_fp32", desc)):
+        tune.probe_schedule(run, ((6144, 3),))
+        own = configs.forward_config(configs.forward_key(6144, 2, 4))
+    assert own == desc
     raw = json.loads((tmp_path / "probe-schedule.json").read_text())
-    own = configs.forward_config(configs.forward_key(6144, 2, 4))
-    assert own.tma_stages, "the float32-weight entry at H 6144 reads through tensor descriptors"
     for res in ("", " res"):
         got = raw[f"weight_fp32 fwd H6144{res} rows 3"]
         assert set(got["times"]) == {"entry", *tune.schedule_edits(own, 6144)}
