@@ -331,8 +331,25 @@ PLANNED_SETS = (("bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, None, N
 # (both entry points), and y in float32
 LOAD_FORM_STREAMS = tuple(c for c in PLANNED_SETS if c[0] in ("bf16 residual", "float32 stream, explicit",
                                                                 "float32 stream, autograd", "float32 y"))
-FWD_LOAD_FORM_KEYS = ((1536, torch.bfloat16), (6144, torch.float32))
-FWD_LOAD_FORM_KEYS_HELD = ((5120, torch.bfloat16), (5120, torch.float32))     # rows walked in column tiles
+
+
+def fwd_load_form_keys(arch: str = "sm_90") -> tuple[list, list]:
+    """(hidden, weight dtype) of the table's forward entries (plain and float32 weight) that read
+    through tensor descriptors, and of those that walk rows in column tiles: the forms
+    check_load_forms compares, whatever entries a re-tune leaves. H 1536 (bf16) is always among
+    the first: the descriptor form stays compared where no entry takes it (the tuner times it)."""
+    from trainnorm.configs import table as tables
+    desc, tiles = [(1536, torch.bfloat16)], []
+    for e in tables.load(arch)["forward"]:
+        if e["kind"] not in ("plain", "weight_fp32") or e["elt"] != 2:
+            continue
+        cfg = tables.to_config("forward", e)
+        key = (e["hidden"], torch.float32 if e["kind"] == "weight_fp32" else torch.bfloat16)
+        if cfg.tma_stages and key not in desc:
+            desc.append(key)
+        elif cfg.col_tiles(e["hidden"]) > 1:
+            tiles.append(key)
+    return desc, tiles
 # widths of the load-form comparison: narrow tiles of several rows (128, 512: a float32
 # stream beside a 16-bit one took another layout there under descriptors), a width that
 # is not a multiple of 16 values (1000: plain loads unvectorised), and wide one-row tiles
@@ -523,9 +540,10 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
             ops[f"T {PLANNED_ROWS[-1]}, stride {hidden + 4}"] = _form_ops(
                 target, _bwd_call(PLANNED_ROWS[-1], hidden, streams, pad=4), planned)
             bad += _differing(f"H {hidden}, {streams[0]}, the planned forms", ops, keep=lambda op: op.endswith("f32"))
-    # the forward's plain and descriptor forms, where the table reads through descriptors
-    # (H 1536; H 6144 with a float32 weight), with and without a (16-bit) residual
-    for hidden, w_dt in FWD_LOAD_FORM_KEYS:
+    # the forward's plain and descriptor forms, at H 1536 and where the table reads through
+    # descriptors, with and without a (16-bit) residual
+    desc_keys, tile_keys = fwd_load_form_keys()
+    for hidden, w_dt in desc_keys:
         base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
         for residual in (False, True):
             ops = {}
@@ -536,10 +554,11 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
                                                         forward=base.replace(tma_stages=stages))
             bad += _differing(f"forward H {hidden}, weight {w_dt}, residual {residual}", ops)
     # the forward's column-tile walk, its tiles held in registers or read twice (H 5120 as three
-    # tiles of 2048, and five of 1024 with a float32 weight): the multiply-adds, the roots and
-    # divisions of rstd and the row sums (with the gate first the walk computes a(z) twice and
-    # the held form once: its adds and approximate divisions are left out)
-    for hidden, w_dt in FWD_LOAD_FORM_KEYS_HELD:
+    # tiles of 2048, and five of 1024 with a float32 weight, when this was written): the
+    # multiply-adds, the roots and divisions of rstd and the row sums (with the gate first the
+    # walk computes a(z) twice and the held form once: its adds and approximate divisions are
+    # left out)
+    for hidden, w_dt in tile_keys:
         base = configs.forward_config(configs.forward_key(hidden, 2, w_dt.itemsize))
         for extra in ("", "residual", "gate after", "gate first"):
             call = _fwd_call(hidden, w_dt, extra, rows)
