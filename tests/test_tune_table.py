@@ -511,3 +511,32 @@ def test_probe_schedule_times_a_descriptor_entry_against_its_plain_loads(tmp_pat
         assert set(bwd["times"]) == {"entry", "plain loads", "plain loads prefetch", "tma2", "tma3"}
         assert bwd["configs"]["plain loads prefetch"]["tma_stages"] == 0
     assert not (tmp_path / "sm_90.json").exists()
+
+
+def test_sweep_fwd_one_kind_at_given_counts(tmp_path, monkeypatch, device):
+    # --sweep-fwd --kinds weight_fp32 --tokens 2,5: only the float32-weight entry is swept,
+    # over exactly those row counts; the plain entry at the width stays as the table had it
+    calls = []
+    monkeypatch.setattr(tune, "time_fns", stub_timer(calls, lambda name, i: 1.0 + i))
+    monkeypatch.setattr(tune, "FWD_W32_WIDTHS", (64,))
+    path = str(tmp_path / "sm_90.json")
+    run = tune.Run(table=tune.start_table(path, "sm_90"), table_path=path, out=str(tmp_path), device=device,
+                   log=lambda s: None)
+    tune.tune_fwd(run, [64], kinds=("weight_fp32",), counts=(2, 5))
+    after = _entries(_reread(path))
+    assert ("forward", 64, 2, "plain") not in after
+    note = after[("forward", 64, 2, "weight_fp32")]["notes"][0]
+    assert note.startswith("bm4 w2: T2 1.00, T5 1.00 us"), note
+    assert len(calls) == 2 * len(list(tune.fwd_sweep_candidates(64)))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep-bwd", "--kinds", "plain"], "--kinds and --tokens need --sweep-fwd"),
+    (["--sweep-fwd", "--kinds", "gated"], "--kinds: gated is not one of plain, weight_fp32"),
+    (["--sweep-fwd", "--tokens", "256,x"], "--tokens: expected comma-separated positive row counts"),
+    (["--sweep-fwd", "--tokens", "0"], "--tokens: expected comma-separated positive row counts"),
+])
+def test_sweep_fwd_arguments_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        tune.parse_args(argv)
+    assert message in capsys.readouterr().err

@@ -11,7 +11,7 @@ times that chose it.
 
     python -m trainnorm.dev.tune --sweep-bwd [--gated] [--hidden 512,4096] --out DIR
     python -m trainnorm.dev.tune --sweep-small --out DIR
-    python -m trainnorm.dev.tune --sweep-fwd --out DIR
+    python -m trainnorm.dev.tune --sweep-fwd [--hidden 6144] [--kinds weight_fp32] [--tokens 256,4096] --out DIR
     python -m trainnorm.dev.tune --sweep-weight [--hidden 5120,6144] --out DIR
     python -m trainnorm.dev.tune --probe-defaults [--gated] [--cases 768x16384,128x131072] --out DIR
     python -m trainnorm.dev.tune --probe-schedule [--cases 6144x256] --out DIR
@@ -36,8 +36,12 @@ tile): the one-chunk window, then the column-slice window past it, written
 into the entry's windows, schedule and slice tile.
 
 --sweep-fwd times every forward tile at T 1-65536 (plain loads, tensor
-descriptors, rows walked in narrower tiles) and writes the "plain" entries
-and, at the bench's float32-weight widths, the "weight_fp32" ones.
+descriptors, rows walked in narrower tiles, rows held as two pieces) and writes
+the "plain" entries and, at the bench's float32-weight widths, the
+"weight_fp32" ones; --kinds picks the kinds, --tokens the row counts the entry
+is chosen over (`--sweep-fwd --hidden 6144 --kinds weight_fp32 --tokens
+256,1024,4096,16384,65536`: the float32-weight entry over its bench rows'
+counts).
 
 --sweep-weight times, at T 1-65536, each forward entry with plain loads with
 each weight read its form takes (configs.FwdSchedule.weight_read: before the
@@ -683,14 +687,14 @@ def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
         return trainnorm.rms_norm_forward(x, w, residual=r)
 
 
-def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False) -> dict:
+def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False, counts=None) -> dict:
     """{(variant, T): {key: us}} of the forward (float32 weight with w32), every
     candidate interleaved per point; variant '' plain, 'res' with a residual,
-    'gate' gated (FWD_VARIANTS)."""
+    'gate' gated (FWD_VARIANTS); T over `counts` (default FWD_T)."""
     kind = "weight_fp32" if w32 else "plain"
     res = {}
     for variant in FWD_VARIANTS.get(hidden, ("",)):
-        for tokens in FWD_T:
+        for tokens in counts or FWD_T:
             x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
             w = torch.randn(hidden, device=run.device).to(torch.float32 if w32 else torch.bfloat16)
             r = torch.randn_like(x) if variant == "res" else None
@@ -712,14 +716,22 @@ def _point(p) -> str:
     return f"{p[0]} T{p[1]}" if p[0] else f"T{p[1]}"
 
 
-def tune_fwd(run: Run, widths) -> None:
+FWD_KINDS = ("plain", "weight_fp32")
+
+
+def tune_fwd(run: Run, widths, kinds=FWD_KINDS, counts=None) -> None:
+    """The forward entries of `kinds` at `widths` (weight_fp32 at FWD_W32_WIDTHS only), each
+    chosen over the row counts `counts` (default FWD_T): --kinds weight_fp32 --tokens 256,...
+    re-tunes the float32-weight entries alone, at the row counts its bench rows take."""
     for w32 in (False, True):
         kind = "weight_fp32" if w32 else "plain"
+        if kind not in kinds:
+            continue
         for hidden in [h for h in widths if not w32 or h in FWD_W32_WIDTHS]:
             prev_entry = find_entry(run.table, "forward", hidden, kind)
             previous = config_in(run.table, "forward", hidden, kind)
             cands = {fwd_key(c, hidden): c for c in fwd_sweep_candidates(hidden)}
-            res = sweep_fwd(run, hidden, list(cands.values()), w32)
+            res = sweep_fwd(run, hidden, list(cands.values()), w32, counts)
             k, score, worst = choose(res)
             pk = fwd_key(previous, hidden)
             times = ", ".join(f"{_point(t)} {res[t][k]:.2f}" for t in res)
@@ -1449,7 +1461,25 @@ def parse_args(argv=None):
     p.add_argument("--table", default=None,
                    help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
     p.add_argument("--hidden", default=None, help="comma-separated widths (default: the sweep's bench widths)")
+    p.add_argument("--kinds", default=None,
+                   help="with --sweep-fwd: comma-separated entry kinds to sweep, of " + ", ".join(FWD_KINDS)
+                        + " (default: both)")
+    p.add_argument("--tokens", default=None,
+                   help="with --sweep-fwd: comma-separated row counts to choose over (default: FWD_T)")
     args = p.parse_args(argv)
+    if (args.kinds or args.tokens) and not args.sweep_fwd:
+        p.error("--kinds and --tokens need --sweep-fwd")
+    if args.kinds:
+        bad = [k for k in args.kinds.split(",") if k not in FWD_KINDS]
+        if bad:
+            p.error(f"--kinds: {', '.join(bad)} is not one of {', '.join(FWD_KINDS)}")
+    if args.tokens:
+        try:
+            counts = [int(t) for t in args.tokens.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            p.error(f"--tokens: expected comma-separated positive row counts, got {args.tokens!r}")
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
     if args.cases and not _probing(args):
@@ -1506,7 +1536,8 @@ def main(argv=None) -> int:
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
-            tune_fwd(run, widths)
+            tune_fwd(run, widths, tuple(args.kinds.split(",")) if args.kinds else FWD_KINDS,
+                     tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None)
         elif args.sweep_rows:
             tune_rows(run, widths)
         elif args.sweep_weight:
