@@ -540,3 +540,10 @@ def test_sweep_fwd_arguments_checked(argv, message, capsys):
     with pytest.raises(SystemExit):
         tune.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_sweep_fwd_arguments_parsed():
+    args = tune.parse_args(["--sweep-fwd", "--kinds", "weight_fp32", "--tokens", "256,4096"])
+    assert (args.kinds, args.tokens) == (("weight_fp32",), (256, 4096))
+    args = tune.parse_args(["--sweep-fwd"])
+    assert (args.kinds, args.tokens) == (tune.FWD_KINDS, None)

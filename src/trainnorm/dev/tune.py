@@ -1469,17 +1469,21 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if (args.kinds or args.tokens) and not args.sweep_fwd:
         p.error("--kinds and --tokens need --sweep-fwd")
+    # parsed here once: args.kinds a tuple of kinds (default FWD_KINDS), args.tokens a tuple
+    # of row counts or None (FWD_T)
     if args.kinds:
         bad = [k for k in args.kinds.split(",") if k not in FWD_KINDS]
         if bad:
             p.error(f"--kinds: {', '.join(bad)} is not one of {', '.join(FWD_KINDS)}")
+    args.kinds = tuple(args.kinds.split(",")) if args.kinds else FWD_KINDS
     if args.tokens:
         try:
-            counts = [int(t) for t in args.tokens.split(",")]
+            counts = tuple(int(t) for t in args.tokens.split(","))
         except ValueError:
-            counts = []
+            counts = ()
         if not counts or min(counts) < 1:
             p.error(f"--tokens: expected comma-separated positive row counts, got {args.tokens!r}")
+        args.tokens = counts
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
     if args.cases and not _probing(args):
@@ -1536,8 +1540,7 @@ def main(argv=None) -> int:
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
-            tune_fwd(run, widths, tuple(args.kinds.split(",")) if args.kinds else FWD_KINDS,
-                     tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None)
+            tune_fwd(run, widths, args.kinds, args.tokens)
         elif args.sweep_rows:
             tune_rows(run, widths)
         elif args.sweep_weight:
