@@ -208,6 +208,25 @@ def test_make_timer_captures_with_their_own_outputs():
     assert [bool(torch.equal(o, x * 2)) for o in t.keep] == [True, True, False]
 
 
+@pytest.mark.gpu
+def test_make_timer_with_a_shared_pool_keeps_no_outputs():
+    # the tuner's timers share one graph pool and keep no outputs: ten candidates of 64 MiB
+    # outputs each take about one output's memory in all, where kept outputs take ten
+    stream = torch.cuda.Stream()
+    x = torch.ones(16 << 20, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    pool = torch.cuda.graph_pool_handle()
+    before = torch.cuda.memory_reserved()
+    with torch.cuda.stream(stream):
+        timers = [timing.make_timer(f"c{i}", lambda i=i: x * (i + 1), stream, warmup=1, pool=pool)
+                  for i in range(10)]
+        assert all(t.mode == "graph" and len(t.graphs) == 1 and not t.keep for t in timers)
+        for t in timers:
+            t.run()
+        torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved() - before < 4 * x.nbytes
+
+
 # --- matching -------------------------------------------------------------------------------
 
 def M(impl, us, err=None, dtype=None, op="bwd", row="H4096 T1024", mode="graph", note=""):

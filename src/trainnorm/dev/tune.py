@@ -225,13 +225,16 @@ def only(hidden: int, kind: str, cfg):
 
 def time_fns(fns: dict, flush, passes=3, samples=8, captures=1) -> dict:
     """{name: median us} of zero-argument callables, each captured in `captures` CUDA graphs
-    sampled in turn, in interleaved passes (trainnorm.bench.timing)."""
+    sampled in turn, in interleaved passes (trainnorm.bench.timing). The captures share one
+    memory pool and keep no outputs (make_timer's pool): a sweep's memory is one
+    candidate's outputs, whatever the number of candidates."""
     from trainnorm.bench.timing import make_timer, percentile, sample_interleaved
     stream = torch.cuda.Stream()
+    pool = torch.cuda.graph_pool_handle()
     timers = []
     with torch.cuda.stream(stream):
         for name, fn in fns.items():
-            timers.append(make_timer(name, fn, stream, captures=captures))
+            timers.append(make_timer(name, fn, stream, captures=captures, pool=pool))
     torch.cuda.synchronize()
     res = sample_interleaved(timers, flush, passes, samples)
     out = {k: percentile([s for p in v for s in p], 50) for k, v in res.items()}
