@@ -531,7 +531,7 @@ def test_sweep_fwd_one_kind_at_given_counts(tmp_path, monkeypatch, device):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--sweep-bwd", "--kinds", "plain"], "--kinds and --tokens need --sweep-fwd"),
+    (["--sweep-bwd", "--kinds", "plain"], "--kinds and --tokens need --sweep-fwd or --probe-tiles"),
     (["--sweep-fwd", "--kinds", "gated"], "--kinds: gated is not one of plain, weight_fp32"),
     (["--sweep-fwd", "--tokens", "256,x"], "--tokens: expected comma-separated positive row counts"),
     (["--sweep-fwd", "--tokens", "0"], "--tokens: expected comma-separated positive row counts"),
@@ -547,3 +547,39 @@ def test_sweep_fwd_arguments_parsed():
     assert (args.kinds, args.tokens) == (("weight_fp32",), (256, 4096))
     args = tune.parse_args(["--sweep-fwd"])
     assert (args.kinds, args.tokens) == (tune.FWD_KINDS, None)
+
+
+def test_probe_tiles_times_entry_tiles_and_reference(tmp_path, monkeypatch, device):
+    # --probe-tiles: per point the entry, each named tile and torch.compile of the reference
+    # (aot_eager here), without and with a residual; raw times saved, no table written
+    calls = []
+    monkeypatch.setattr(tune, "time_fns", stub_timer(calls, lambda name, i: 2.0 if name == tune.REFERENCE else 1.0 + i))
+    lines = []
+    run = tune.Run(table=tune.start_table(str(tmp_path / "sm_90.json"), "sm_90"), out=str(tmp_path), device=device,
+                   log=lines.append)
+    tune.probe_tiles(run, [64], ("plain",), ("bm8 w2", "bm16 w4"), counts=(3,), backend="aot_eager")
+    entry = tune.fwd_name(tune.fwd_key(tune.config_in(run.table, "forward", 64, "plain"), 64))
+    names = [f"entry {entry}", "bm8 w2", "bm16 w4", tune.REFERENCE]
+    assert calls == names * 2
+    assert not (tmp_path / "sm_90.json").exists()
+    raw = _reread(tmp_path / "probe-tiles.json")["plain 64"]
+    assert sorted(raw) == ["T3", "res T3"] and sorted(raw["T3"]) == sorted(names)
+    assert f"plain H64 res T3: entry {entry} 1.00 (2.000x), bm8 w2 2.00 (1.000x)" in "\n".join(lines)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--probe-tiles", "--tiles", "bm8 w2"], "--probe-tiles needs --hidden and --tiles"),
+    (["--probe-tiles", "--hidden", "64", "--tiles", "bm8 w2,bm3 w5"], "--tiles: not a forward tile at H 64: bm3 w5"),
+    (["--sweep-fwd", "--tiles", "bm8 w2"], "--tiles needs --probe-tiles"),
+    (["--probe-tiles", "--hidden", "64", "--tiles", "bm8 w2", "--cases", "64x4"], "--cases needs"),
+])
+def test_probe_tiles_arguments_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        tune.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_probe_tiles_arguments_parsed():
+    args = tune.parse_args(["--probe-tiles", "--hidden", "6144", "--kinds", "weight_fp32", "--tokens", "256",
+                            "--tiles", "bm2 w8 pieces, bm1 w16 n2048 held"])
+    assert (args.kinds, args.tokens, args.tiles) == (("weight_fp32",), (256,), ("bm2 w8 pieces", "bm1 w16 n2048 held"))

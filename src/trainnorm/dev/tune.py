@@ -18,6 +18,7 @@ times that chose it.
     python -m trainnorm.dev.tune --probe-chunks [--cases 256x4096] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
+    python -m trainnorm.dev.tune --probe-tiles --hidden 6144 --kinds weight_fp32 --tiles "bm2 w8 pieces,bm1 w16 n2048 held" --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -91,6 +92,13 @@ two floors, an empty Triton kernel and a copy of the rows, each with the L2 flus
 before every replay and without: where a small-T forward's time goes (a gap to a peer
 that closes without the flush is spent on cold fetches, one that stays is the kernel's
 own path). Raw times to probe-latency.json and the log.
+
+--probe-tiles times, at --hidden, each forward entry of --kinds against the tiles
+--tiles names (the --sweep-fwd candidates, named as its log names them) and
+torch.compile of the reference forward, without and with a residual, all
+interleaved per point at --tokens (default PROBE_TILES_T): how an entry stands
+against the tiles a sweep would pick from and against the peer it must beat
+(docs/benchmarks/tune/h100-fwd6144.txt). Raw times to probe-tiles.json and the log.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -690,26 +698,31 @@ def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
         return trainnorm.rms_norm_forward(x, w, residual=r)
 
 
-def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False, counts=None) -> dict:
+def sweep_fwd(run: Run, hidden: int, cands, w32: bool = False, counts=None, variants=None, extra=None) -> dict:
     """{(variant, T): {key: us}} of the forward (float32 weight with w32), every
     candidate interleaved per point; variant '' plain, 'res' with a residual,
-    'gate' gated (FWD_VARIANTS); T over `counts` (default FWD_T)."""
+    'gate' gated (default FWD_VARIANTS); T over `counts` (default FWD_T). `cands`:
+    configs, keyed by fwd_key, or {name: config}; `extra(x, w, r, z)`: more {name: fn}
+    timed beside them (--probe-tiles: torch.compile of the reference)."""
     kind = "weight_fp32" if w32 else "plain"
+    named = cands if isinstance(cands, dict) else {fwd_key(c, hidden): c for c in cands}
     res = {}
-    for variant in FWD_VARIANTS.get(hidden, ("",)):
+    for variant in variants or FWD_VARIANTS.get(hidden, ("",)):
         for tokens in counts or FWD_T:
             x = torch.randn(tokens, hidden, device=run.device).to(torch.bfloat16)
             w = torch.randn(hidden, device=run.device).to(torch.float32 if w32 else torch.bfloat16)
             r = torch.randn_like(x) if variant == "res" else None
             z = torch.randn_like(x) if variant == "gate" else None
-            fns = {fwd_key(c, hidden): (lambda c=c, x=x, w=w, r=r, z=z: _fwd_with(c, hidden, x, w, kind, r, z))
-                   for c in cands}
+            fns = {k: (lambda c=c, x=x, w=w, r=r, z=z: _fwd_with(c, hidden, x, w, kind, r, z))
+                   for k, c in named.items()}
+            if extra is not None:
+                fns.update(extra(x, w, r, z))
             res[(variant, tokens)] = pt = time_fns(fns, run.flush, passes=2, samples=8,
                                                    captures=captures(tokens, hidden))
             b = min(pt, key=pt.get)
             run.log(f"  H{hidden}{' w32' if w32 else ''}{' ' + variant if variant else ''} T{tokens}: "
-                    f"best {fwd_name(b)} {pt[b]:.2f} us")
-            del x, w, r, z
+                    f"best {fwd_name(b) if isinstance(b, tuple) else b} {pt[b]:.2f} us")
+            del x, w, r, z, fns
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return res
@@ -734,7 +747,7 @@ def tune_fwd(run: Run, widths, kinds=FWD_KINDS, counts=None) -> None:
             prev_entry = find_entry(run.table, "forward", hidden, kind)
             previous = config_in(run.table, "forward", hidden, kind)
             cands = {fwd_key(c, hidden): c for c in fwd_sweep_candidates(hidden)}
-            res = sweep_fwd(run, hidden, list(cands.values()), w32, counts)
+            res = sweep_fwd(run, hidden, cands, w32, counts)
             k, score, worst = choose(res)
             pk = fwd_key(previous, hidden)
             times = ", ".join(f"{_point(t)} {res[t][k]:.2f}" for t in res)
@@ -750,6 +763,66 @@ def tune_fwd(run: Run, widths, kinds=FWD_KINDS, counts=None) -> None:
                                                      for t, r in res.items()}, "chosen": fwd_name(k)}
             run.log(f"{kind} H{hidden}: {note}")
             run.save("sweep-fwd.json")
+
+
+# --- the forward entry against named tiles and torch.compile (--probe-tiles) -------------------
+
+PROBE_TILES_T = (256, 1024, 4096, 16384, 65536)
+REFERENCE = "torch.compile"
+
+
+def named_tiles(hidden: int, names) -> dict:
+    """{name: config} of the forward sweep's candidates at `hidden` named as fwd_name names
+    them ('bm2 w8 pieces', 'bm1 w16 n2048 held', 'bm1 w4 tma4 c2'); ValueError naming the
+    names that are none of them."""
+    known = {fwd_name(fwd_key(c, hidden)): c for c in fwd_sweep_candidates(hidden)}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ValueError(f"not a forward tile at H {hidden}: {', '.join(missing)} (fwd_sweep_candidates names "
+                         f"{len(known)}, e.g. {', '.join(sorted(known)[:4])})")
+    return {n: known[n] for n in names}
+
+
+def compiled_reference(backend: str = "inductor"):
+    """extra() for sweep_fwd: torch.compile of the bench's reference forward (dynamic=False,
+    fullgraph, each point compiled afresh; Inductor rounding where eager rounds, as
+    `trainnorm bench` runs it), with a residual or a gate where the point has one."""
+    from trainnorm.bench.impls import _fresh, ref_forward, ref_forward_gated, ref_forward_residual
+    if backend == "inductor":
+        import torch._inductor.config as inductor_config
+        if hasattr(inductor_config, "emulate_precision_casts"):
+            inductor_config.emulate_precision_casts = True
+    how = {"backend": backend}
+
+    def extra(x, w, r, z):
+        if z is not None:
+            fn = torch.compile(_fresh(ref_forward_gated), dynamic=False, fullgraph=True, **how)
+            return {REFERENCE: lambda: fn(x, w, z)}
+        if r is not None:
+            fn = torch.compile(_fresh(ref_forward_residual), dynamic=False, fullgraph=True, **how)
+            return {REFERENCE: lambda: fn(x, w, r)}
+        fn = torch.compile(_fresh(ref_forward), dynamic=False, fullgraph=True, **how)
+        return {REFERENCE: lambda: fn(x, w)}
+    return extra
+
+
+def probe_tiles(run: Run, widths, kinds, names, counts=None, backend: str = "inductor") -> None:
+    """The forward entry of each kind at each width against the named tiles (named_tiles)
+    and torch.compile of the reference, without and with a residual, interleaved per
+    point at `counts` (default PROBE_TILES_T): raw times to probe-tiles.json and the log,
+    each time with torch.compile's over it (> 1: the tile is faster). No table is written."""
+    for kind in kinds:
+        for hidden in widths:
+            entry = config_in(run.table, "forward", hidden, kind)
+            tiles = {f"entry {fwd_name(fwd_key(entry, hidden))}": entry, **named_tiles(hidden, names)}
+            res = sweep_fwd(run, hidden, tiles, kind == "weight_fp32", counts or PROBE_TILES_T, ("", "res"),
+                            compiled_reference(backend))
+            for point, times in res.items():
+                ref = times[REFERENCE]
+                run.log(f"{kind} H{hidden} {_point(point)}: " + ", ".join(
+                    f"{k} {v:.2f} ({ref / v:.3f}x)" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+            run.raw[f"{kind} {hidden}"] = {_point(p): t for p, t in res.items()}
+            run.save("probe-tiles.json")
 
 
 # --- the forward's rows per tile by row count (--sweep-rows) ------------------------------------
@@ -1424,7 +1497,7 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 
 # --- command line ---------------------------------------------------------------------------
 
-PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency")
+PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles")
 
 
 def _probing(args) -> bool:
@@ -1453,6 +1526,8 @@ def parse_args(argv=None):
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     sweep.add_argument("--probe-latency", action="store_true",
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
+    sweep.add_argument("--probe-tiles", action="store_true",
+                       help="the forward entries at --hidden against the --tiles and torch.compile of the reference")
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
                         "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
@@ -1465,13 +1540,28 @@ def parse_args(argv=None):
                    help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
     p.add_argument("--hidden", default=None, help="comma-separated widths (default: the sweep's bench widths)")
     p.add_argument("--kinds", default=None,
-                   help="with --sweep-fwd: comma-separated entry kinds to sweep, of " + ", ".join(FWD_KINDS)
+                   help="with --sweep-fwd or --probe-tiles: comma-separated entry kinds, of " + ", ".join(FWD_KINDS)
                         + " (default: both)")
     p.add_argument("--tokens", default=None,
-                   help="with --sweep-fwd: comma-separated row counts to choose over (default: FWD_T)")
+                   help="with --sweep-fwd: comma-separated row counts to choose over (default: FWD_T); with "
+                        "--probe-tiles: to time at (default: PROBE_TILES_T)")
+    p.add_argument("--tiles", default=None,
+                   help="with --probe-tiles: comma-separated forward tiles as the sweep names them, e.g. "
+                        "'bm2 w8 pieces,bm1 w16 n2048 held,bm1 w4 tma4 c2'")
     args = p.parse_args(argv)
-    if (args.kinds or args.tokens) and not args.sweep_fwd:
-        p.error("--kinds and --tokens need --sweep-fwd")
+    if (args.kinds or args.tokens) and not (args.sweep_fwd or args.probe_tiles):
+        p.error("--kinds and --tokens need --sweep-fwd or --probe-tiles")
+    if args.probe_tiles:
+        if not args.hidden or not args.tiles:
+            p.error("--probe-tiles needs --hidden and --tiles")
+        args.tiles = tuple(t.strip() for t in args.tiles.split(","))
+        for h in args.hidden.split(","):
+            try:
+                named_tiles(int(h), args.tiles)
+            except ValueError as exc:
+                p.error(f"--tiles: {exc}")
+    elif args.tiles:
+        p.error("--tiles needs --probe-tiles")
     # parsed here once: args.kinds a tuple of kinds (default FWD_KINDS), args.tokens a tuple
     # of row counts or None (FWD_T)
     if args.kinds:
@@ -1489,7 +1579,7 @@ def parse_args(argv=None):
         args.tokens = counts
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
-    if args.cases and not _probing(args):
+    if args.cases and (not _probing(args) or args.probe_tiles):
         p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream or --probe-latency")
     return args
 
@@ -1540,6 +1630,8 @@ def main(argv=None) -> int:
             probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.probe_latency:
             probe_latency(run, cases or LATENCY_PROBE_CASES)
+        elif args.probe_tiles:
+            probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
