@@ -67,3 +67,17 @@ def test_narrow_planned_forms_sum_rows_alike():
                           "128,256,1000"], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the same at every T and in both modes" in res.stdout
+
+
+def test_forward_rows_per_tile_sum_rows_alike():
+    # each forward entry's rows per tile by row count (FwdSchedule.rows_block_m) compiled for
+    # sm_90 at each of its counts: one split of a row's sum, so y and rstd take the same bits
+    # at every T; with a residual, and for a float32-weight entry under a gate too (the gated
+    # forward keeps that entry, windows and all: H 6144's bm1 / bm2 pieces)
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--rows"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "forward H 6144 weight_fp32 gate first rows per tile [1, 2]: the same" in res.stdout
+    assert "one order of a row's sum at every row count" in res.stdout
