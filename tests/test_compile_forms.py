@@ -10,6 +10,17 @@ import trainnorm
 from trainnorm import dispatch, kernels
 
 
+def compile_check(*args) -> str:
+    """stdout of `python -m trainnorm.dev.compile_check ARGS` run for sm_90 (outside the
+    interpreter), asserted to exit 0."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", *args], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
 def test_every_launch_fixes_fp_fusion(monkeypatch):
     # the compiler's freedom to fuse a product into the next add is part of the bits:
     # every launch states it (Triton 3.10 turns its default off)
@@ -48,12 +59,7 @@ def test_load_forms_compile_to_the_same_arithmetic():
     # and the same split of every row sum (values a thread, lanes, warps: at H 512 the
     # descriptor form of a float32 stream summed rows in another order, and an H100 saw
     # a row's dx differ alone and in a batch), on contiguous rows and rows of stride H + 4
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--load-forms"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "the same floating-point instructions" in res.stdout
+    assert "the same floating-point instructions" in compile_check("--load-forms")
 
 
 def test_narrow_planned_forms_sum_rows_alike():
@@ -61,12 +67,7 @@ def test_narrow_planned_forms_sum_rows_alike():
     # row's products fused into its sum in one form and rounded alone in another (a float32
     # residual stream at H 128 and 256: 80 against 79 and 40 against 38 multiply-adds, so
     # dx followed T) and a width of 1000 (one value a thread): every stream set the same
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--planned", "--hidden",
-                          "128,256,1000"], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "the same at every T and in both modes" in res.stdout
+    assert "the same at every T and in both modes" in compile_check("--planned", "--hidden", "128,256,1000")
 
 
 def test_forward_rows_per_tile_sum_rows_alike():
@@ -74,10 +75,6 @@ def test_forward_rows_per_tile_sum_rows_alike():
     # sm_90 at each of its counts: one split of a row's sum, so y and rstd take the same bits
     # at every T; with a residual, and for a float32-weight entry under a gate too (the gated
     # forward keeps that entry, windows and all: H 6144's bm1 / bm2 pieces)
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", "--rows"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "forward H 6144 weight_fp32 gate first rows per tile [1, 2]: the same" in res.stdout
-    assert "one order of a row's sum at every row count" in res.stdout
+    out = compile_check("--rows")
+    assert "forward H 6144 weight_fp32 gate first rows per tile [1, 2]: the same" in out
+    assert "one order of a row's sum at every row count" in out
