@@ -573,12 +573,19 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
 
 # --- the forward's rows per tile: one order of a row's sum at every row count ---------------------
 
+# the forms check_forward_rows compiles by entry kind (others: without and with a residual). A
+# float32 weight keeps its weight_fp32 entry under a gate (configs.forward_key), rows per tile
+# and all, so its gated forms are checked too
+ROWS_CHECK_EXTRAS = {"gated": ("gate after",), "weight_fp32": ("", "residual", "gate after", "gate first")}
+
+
 def check_forward_rows(target, entries=None) -> list[str]:
     """Every forward entry of the sm_90 table with rows per tile by row count
     (FwdSchedule.rows_block_m), compiled at each of its row counts, with and without a
-    residual (a float32-weight entry also with a gate, both orders): a line for every entry whose forms sum a row's columns in other orders
-    (reduction_trees along the last axis; the sums over a tile's rows, which count the
-    rows, are left out). entries: [(hidden, kind, FwdConfig)] instead of the table's."""
+    residual (a float32-weight entry also with a gate, both orders: ROWS_CHECK_EXTRAS): a
+    line for every entry whose forms sum a row's columns in other orders (reduction_trees
+    along the last axis; the sums over a tile's rows, which count the rows, are left out).
+    entries: [(hidden, kind, FwdConfig)] instead of the table's."""
     from trainnorm import configs
     from trainnorm.configs import table as tables
     if entries is None:
@@ -591,10 +598,7 @@ def check_forward_rows(target, entries=None) -> list[str]:
         if len(counts) == 1:
             continue
         w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
-        # a float32 weight keeps its weight_fp32 entry under a gate (configs.forward_key), rows per
-        # tile and all: its gated forms are checked too
-        extras = {"gated": ("gate after",), "weight_fp32": ("", "residual", "gate after", "gate first")}
-        for extra in extras.get(kind, ("", "residual")):
+        for extra in ROWS_CHECK_EXTRAS.get(kind, ("", "residual")):
             trees = {}
             for bm in counts:
                 ops = _form_ops(target, _fwd_call(hidden, w_dt, extra), kernels, last_axis_only=True,
