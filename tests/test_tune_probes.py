@@ -60,3 +60,42 @@ def test_copy_rows_floor_copies_the_rows():
     y = torch.zeros_like(x)
     copy_rows_kernel[(5,)](x, y, 100, BLOCK=128)
     assert torch.equal(y, x)
+
+
+def test_bwd_tile_edits_hold_the_row_as_two_pieces_without_spilling_counts():
+    edits = tune.bwd_tile_edits(5120)
+    entry = edits["entry"]
+    assert entry == tune.configs.backward_config(tune.configs.backward_key(5120, 2))
+    pieces = {k: v for k, v in edits.items() if k.startswith("pieces")}
+    # 8 or 16 warps (4 at 4096 + 1024 columns spill), loop 0 or 3 deep, 8 warps at 2 programs an SM only
+    assert sorted(pieces) == sorted(["pieces bm1 w8 ls0 c2", "pieces bm1 w8 ls3 c2", "pieces bm1 w16 ls0 c2",
+                                     "pieces bm1 w16 ls0 c4", "pieces bm1 w16 ls3 c2", "pieces bm1 w16 ls3 c4"])
+    for name, cfg in pieces.items():
+        t, s = cfg.tile, cfg.schedule
+        assert (t.block_m, t.block_n, t.block_n2) == (1, 4096, 1024), name
+        assert s.tma_stages == 0 and not s.prefetch and not s.direct_prefetch, name
+        # the small-T windows and the chunking stay the entry's
+        assert cfg.windows == entry.windows and t.max_chunks == entry.tile.max_chunks, name
+    assert edits["pieces bm1 w16 ls3 c4"].schedule.loop_stages == 3
+    assert edits["pieces bm1 w16 ls3 c4"].schedule.ctas_per_sm == 4
+    # a power of two has no second piece; rows walked in column tiles none either
+    assert not any(k.startswith("pieces") for k in tune.bwd_tile_edits(4096))
+    assert not any(k.startswith("pieces") for k in tune.bwd_tile_edits(12288))
+
+
+def test_probe_bwd_tiles_times_every_edit_of_each_case(monkeypatch, tmp_path):
+    timed = []
+    monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: timed.append(sorted(fns)) or
+                        {name: 2.0 if name == "entry" else 1.0 for name in fns})
+    logs = []
+    run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
+    tune.probe_bwd_tiles(run, cases=((2560, 40),))
+    assert timed == [sorted(tune.bwd_tile_edits(2560))], logs
+    raw = json.loads((tmp_path / "probe-bwd-tiles.json").read_text())
+    assert raw["bwd H2560 rows 40"]["pieces bm1 w16 ls3 c2"] == 1.0
+    assert "pieces bm1 w16 ls3 c2 1.00 (2.000x)" in logs[0]
+
+
+def test_probe_bwd_tiles_command_line():
+    args = tune.parse_args(["--probe-bwd-tiles", "--cases", "5120x16384"])
+    assert args.probe_bwd_tiles and tune._probing(args)

@@ -19,6 +19,7 @@ times that chose it.
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
     python -m trainnorm.dev.tune --probe-tiles --hidden 6144 --kinds weight_fp32 --tiles "bm2 w8 pieces,bm1 w16 n2048 held" --out DIR
+    python -m trainnorm.dev.tune --probe-bwd-tiles [--cases 5120x16384,2560x65536] --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -99,6 +100,12 @@ torch.compile of the reference forward, without and with a residual, all
 interleaved per point at --tokens (default PROBE_TILES_T): how an entry stands
 against the tiles a sweep would pick from and against the peer it must beat
 (docs/benchmarks/tune/h100-fwd6144.txt). Raw times to probe-tiles.json and the log.
+
+--probe-bwd-tiles times, at --cases (H x rows; default BWD_TILES_PROBE_CASES), the
+deterministic backward's config against the row held as two pieces (4096 + 1024 at
+H 5120: none of the 8192-column tile's 3072 masked columns, about half its
+registers a thread) and single edits of the config (bwd_tile_edits), all
+interleaved per case. Raw times to probe-bwd-tiles.json and the log.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -1425,6 +1432,62 @@ def probe_stream(run: Run, cases=STREAM_PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+# --- the backward's wide rows held as two pieces (--probe-bwd-tiles) ------------------------------
+
+BWD_TILES_PROBE_CASES = ((5120, 4096), (5120, 16384), (5120, 65536), (6144, 16384), (6144, 65536), (5376, 65536),
+                         (2560, 65536))
+
+
+def bwd_tile_edits(hidden: int) -> dict:
+    """{name: BwdConfig}: the backward's config at `hidden` ("entry": the table's, else the
+    rule's), the row held as two pieces (configs.row_pieces; one row a tile, 8 or 16 warps,
+    the row loop pipelined 3 deep or not, 2 or 4 programs an SM; at most 24 values of a row a
+    thread: 4 warps at 4096 + 1024 columns and wider spill under ptxas, sm_90), and the entry
+    with twice or half its warps (where a thread keeps at most 32 values) and its other
+    number of programs per SM. Windows, chunking and small-T fields stay the entry's."""
+    cur = configs.backward_config(configs.backward_key(hidden, ELT))
+    t, s = cur.tile, cur.schedule
+    out = {"entry": cur}
+    b1, b2 = row_pieces(hidden)
+    if b2 and b1 + b2 <= configs.BWD_MAX_TILE:
+        plain = dict(direct_prefetch=False, direct_tma_stages=0, prefetch=False, tma_stages=0, dw_2d=False)
+        for nw, ls, ctas in itertools.product((8, 16), (0, 3), (2, 4)):
+            if (b1 + b2) // (32 * nw) <= 24 and (nw, ctas) != (8, 4):
+                out[f"pieces bm1 w{nw} ls{ls} c{ctas}"] = cur.replace(
+                    block_m=1, block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls, ctas_per_sm=ctas,
+                    min_rows_per_chunk=1, **plain)
+    per_thread = t.block_m * t.block_n // (32 * t.num_warps)
+    if t.num_warps < 16:
+        out["entry w*2"] = cur.replace(num_warps=2 * t.num_warps)
+    if t.num_warps > 4 and 2 * per_thread <= 32:
+        out["entry w/2"] = cur.replace(num_warps=t.num_warps // 2)
+    other = 2 if s.ctas_per_sm == 4 else 4
+    out[f"entry c{other}"] = cur.replace(ctas_per_sm=other)
+    return out
+
+
+def probe_bwd_tiles(run: Run, cases=BWD_TILES_PROBE_CASES) -> None:
+    """The deterministic backward's config against bwd_tile_edits at each (H, rows), every
+    candidate interleaved per case (bf16 rows, 16-bit weight): raw times to
+    probe-bwd-tiles.json and the log, each with the entry's time over it (> 1: faster)."""
+    for hidden, rows in cases:
+        x, w, dy, rstd, _ = _inputs(hidden, rows, run.device)
+        fns = {}
+        for name, cfg in bwd_tile_edits(hidden).items():
+            ws = _workspace(cfg, hidden, rows, True, run.device, False)
+            fns[name] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+        times = time_fns(fns, run.flush, passes=3, samples=10, captures=captures(rows, hidden))
+        entry = times["entry"]
+        what = f"bwd H{hidden} rows {rows}"
+        run.log(f"{what}: " + ", ".join(f"{k} {v:.2f} ({entry / v:.3f}x)"
+                                        for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+        run.raw[what] = times
+        run.save("probe-bwd-tiles.json")
+        del x, w, dy, rstd, fns
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 LATENCY_PROBE_CASES = tuple((h, t) for h in (2048, 4096, 5120, 6144) for t in (1, 4, 64))
 LATENCY_PEERS = ("liger", "torch-compile", "quack", "fla")
 
@@ -1497,7 +1560,8 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 
 # --- command line ---------------------------------------------------------------------------
 
-PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles")
+PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles",
+          "probe_bwd_tiles")
 
 
 def _probing(args) -> bool:
@@ -1526,11 +1590,13 @@ def parse_args(argv=None):
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     sweep.add_argument("--probe-latency", action="store_true",
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
+    sweep.add_argument("--probe-bwd-tiles", action="store_true",
+                       help="the backward's config against its row held as two pieces and other edits, at --cases")
     sweep.add_argument("--probe-tiles", action="store_true",
                        help="the forward entries at --hidden against the --tiles and torch.compile of the reference")
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
-                        "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES)")
+                        "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES, BWD_TILES_PROBE_CASES)")
     p.add_argument("--gated", action="store_true",
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
                         "the gated forward's rule and the gated backward's config against their edits "
@@ -1580,7 +1646,8 @@ def parse_args(argv=None):
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
     if args.cases and (not _probing(args) or args.probe_tiles):
-        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream or --probe-latency")
+        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream, --probe-latency "
+                "or --probe-bwd-tiles")
     return args
 
 
@@ -1632,6 +1699,8 @@ def main(argv=None) -> int:
             probe_latency(run, cases or LATENCY_PROBE_CASES)
         elif args.probe_tiles:
             probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
+        elif args.probe_bwd_tiles:
+            probe_bwd_tiles(run, cases or BWD_TILES_PROBE_CASES)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:
