@@ -246,6 +246,7 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     monkeypatch.setattr(tune, "time_fns", stub_timer(calls, lambda name, i: 10.0 if name == "table" else 1.0 + i))
     monkeypatch.setattr(tune, "SMALL_T", (1, 4))
     monkeypatch.setattr(tune, "FWD_T", (1, 4))
+    monkeypatch.setattr(tune, "FWD_W32_T", (2, 4))
     monkeypatch.setattr(tune, "FWD_W32_WIDTHS", (64,))
     monkeypatch.setitem(tune.SWEEP_TILES, 64, [(16, 4)])
     monkeypatch.setattr(tune, "SWEEP_T", (4,))
@@ -278,11 +279,12 @@ def test_sweeps_end_to_end(tmp_path, monkeypatch, device):
     assert notes[2].startswith("small-T windows, one-chunk loads and slice tile kept from the previous entry")
     assert notes[3:] == [n for n in small["notes"] if n.startswith("table/")]
     assert notes[3].startswith("table/one-chunk plain us (the table: the faster of it and cols16x64): T1 7.00/2.00")
-    # the forward sweep: bm4 w2, the first candidate, for the plain and the float32-weight entry
+    # the forward sweep: bm4 w2, the first candidate, for the plain and the float32-weight entry,
+    # each chosen over its kind's row counts
     first = FwdConfig.from_fields(block_m=4, block_n=64, num_warps=2)
-    for kind in ("plain", "weight_fp32"):
+    for kind, counts in (("plain", "T1 1.00, T4 1.00 us"), ("weight_fp32", "T2 1.00, T4 1.00 us")):
         assert tables.to_config("forward", after[("forward", 64, 2, kind)]) == first
-        assert after[("forward", 64, 2, kind)]["notes"][0].startswith("bm4 w2: T1 1.00, T4 1.00 us")
+        assert after[("forward", 64, 2, kind)]["notes"][0].startswith(f"bm4 w2: {counts}")
 
     # every other entry as it was, notes included
     before = _entries(original)

@@ -41,9 +41,8 @@ into the entry's windows, schedule and slice tile.
 descriptors, rows walked in narrower tiles, rows held as two pieces) and writes
 the "plain" entries and, at the bench's float32-weight widths, the
 "weight_fp32" ones; --kinds picks the kinds, --tokens the row counts the entry
-is chosen over (`--sweep-fwd --hidden 6144 --kinds weight_fp32 --tokens
-256,1024,4096,16384,65536`: the float32-weight entry over its bench rows'
-counts).
+is chosen over (default FWD_T for the plain entries, FWD_W32_T, the float32-weight
+bench rows' counts, for the others).
 
 --sweep-weight times, at T 1-65536, each forward entry with plain loads with
 each weight read its form takes (configs.FwdSchedule.weight_read: before the
@@ -638,7 +637,13 @@ def write_small_entry(table: dict, hidden: int, res: dict, log=print) -> dict:
 
 # --- the forward tile over token counts (--sweep-fwd) -----------------------------------------
 
-FWD_T = (1, 16, 1024, 16384, 65536)
+# the plain entries are chosen over these row counts; 4096 is a count of every bench width, where
+# the forward's misses include H1536 and [T,4,256] (docs/benchmarks/h200.md, goal 2)
+FWD_T = (1, 16, 1024, 4096, 16384, 65536)
+# the float32-weight entries over their bench rows' counts (H 5120 and 6144 at T 256-65536; none
+# at T <= 16): the entry at T4096 ran 0.91x / 0.93x fla's forward (H100, b5f489a), where the
+# sweep had not timed it; --tokens overrides both
+FWD_W32_T = (256, 1024, 4096, 16384, 65536)
 FWD_WIDTHS = (512, 1536, 2048, 4096, 5120, 6144)
 FWD_W32_WIDTHS = (5120, 6144)     # the bench's float32-weight rows
 FWD_TMA_STAGES = (3, 4)           # the descriptor forms' pipeline depths
@@ -744,8 +749,8 @@ FWD_KINDS = ("plain", "weight_fp32")
 
 def tune_fwd(run: Run, widths, kinds=FWD_KINDS, counts=None) -> None:
     """The forward entries of `kinds` at `widths` (weight_fp32 at FWD_W32_WIDTHS only), each
-    chosen over the row counts `counts` (default FWD_T): --kinds weight_fp32 --tokens 256,...
-    re-tunes the float32-weight entries alone, at the row counts its bench rows take."""
+    chosen over the row counts `counts` (default FWD_T, and FWD_W32_T for weight_fp32):
+    --kinds weight_fp32 re-tunes the float32-weight entries alone."""
     for w32 in (False, True):
         kind = "weight_fp32" if w32 else "plain"
         if kind not in kinds:
@@ -754,7 +759,7 @@ def tune_fwd(run: Run, widths, kinds=FWD_KINDS, counts=None) -> None:
             prev_entry = find_entry(run.table, "forward", hidden, kind)
             previous = config_in(run.table, "forward", hidden, kind)
             cands = {fwd_key(c, hidden): c for c in fwd_sweep_candidates(hidden)}
-            res = sweep_fwd(run, hidden, cands, w32, counts)
+            res = sweep_fwd(run, hidden, cands, w32, counts or (FWD_W32_T if w32 else FWD_T))
             k, score, worst = choose(res)
             pk = fwd_key(previous, hidden)
             times = ", ".join(f"{_point(t)} {res[t][k]:.2f}" for t in res)
@@ -1609,7 +1614,8 @@ def parse_args(argv=None):
                    help="with --sweep-fwd or --probe-tiles: comma-separated entry kinds, of " + ", ".join(FWD_KINDS)
                         + " (default: both)")
     p.add_argument("--tokens", default=None,
-                   help="with --sweep-fwd: comma-separated row counts to choose over (default: FWD_T); with "
+                   help="with --sweep-fwd: comma-separated row counts to choose over (default: FWD_T, FWD_W32_T "
+                        "for weight_fp32); with "
                         "--probe-tiles: to time at (default: PROBE_TILES_T)")
     p.add_argument("--tiles", default=None,
                    help="with --probe-tiles: comma-separated forward tiles as the sweep names them, e.g. "
