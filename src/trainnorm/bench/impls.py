@@ -181,6 +181,19 @@ def _fresh(fn):
                               fn.__defaults__, fn.__closure__)
 
 
+def compile_reference(fn, mode: str = "default", backend: str = "inductor"):
+    """torch.compile of a reference function as the bench's peer runs it: a fresh copy
+    (_fresh), static shapes, fullgraph, and under Inductor rounding to BF16 where eager
+    rounds (emulate_precision_casts, a global setting); ``mode`` is Inductor's, and any
+    other backend (the tests' aot_eager on the CPU) takes no mode."""
+    if backend == "inductor":
+        import torch._inductor.config as inductor_config
+        if hasattr(inductor_config, "emulate_precision_casts"):
+            inductor_config.emulate_precision_casts = True
+    how = {"mode": mode} if backend == "inductor" else {"backend": backend}
+    return torch.compile(_fresh(fn), dynamic=False, fullgraph=True, **how)
+
+
 # --- accuracy ------------------------------------------------------------------------------
 
 def reference_dw(dy, h, w, rstd, dh=None, gate=None, chunk_elems: int = 1 << 25,
@@ -406,16 +419,8 @@ class Compiled(Eager):
         self._compiled = None
 
     def begin_row(self, d):
-        import torch._inductor.config as inductor_config
-        # round to BF16 where the eager reference rounds (h before y), as eager does
-        if self.backend == "inductor" and hasattr(inductor_config, "emulate_precision_casts"):
-            inductor_config.emulate_precision_casts = True
-        how = {"mode": self.mode} if self.backend == "inductor" else {"backend": self.backend}
-
-        def comp(fn):
-            return torch.compile(_fresh(fn), dynamic=False, fullgraph=True, **how)
-
-        self._compiled = tuple(comp(f) for f in Eager._fns(self))
+        # rounds to BF16 where the eager reference rounds (h before y), as eager does
+        self._compiled = tuple(compile_reference(f, self.mode, self.backend) for f in Eager._fns(self))
 
     def end_row(self):
         self._compiled = None

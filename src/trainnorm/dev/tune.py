@@ -796,24 +796,19 @@ def named_tiles(hidden: int, names) -> dict:
 
 
 def compiled_reference(backend: str = "inductor"):
-    """extra() for sweep_fwd: torch.compile of the bench's reference forward (dynamic=False,
-    fullgraph, each point compiled afresh; Inductor rounding where eager rounds, as
-    `trainnorm bench` runs it), with a residual or a gate where the point has one."""
-    from trainnorm.bench.impls import _fresh, ref_forward, ref_forward_gated, ref_forward_residual
-    if backend == "inductor":
-        import torch._inductor.config as inductor_config
-        if hasattr(inductor_config, "emulate_precision_casts"):
-            inductor_config.emulate_precision_casts = True
-    how = {"backend": backend}
+    """extra() for sweep_fwd: torch.compile of the bench's reference forward, each point
+    compiled afresh as `trainnorm bench` compiles it (bench.impls.compile_reference), with
+    a residual or a gate where the point has one."""
+    from trainnorm.bench.impls import compile_reference, ref_forward, ref_forward_gated, ref_forward_residual
 
     def extra(x, w, r, z):
         if z is not None:
-            fn = torch.compile(_fresh(ref_forward_gated), dynamic=False, fullgraph=True, **how)
+            fn = compile_reference(ref_forward_gated, backend=backend)
             return {REFERENCE: lambda: fn(x, w, z)}
         if r is not None:
-            fn = torch.compile(_fresh(ref_forward_residual), dynamic=False, fullgraph=True, **how)
+            fn = compile_reference(ref_forward_residual, backend=backend)
             return {REFERENCE: lambda: fn(x, w, r)}
-        fn = torch.compile(_fresh(ref_forward), dynamic=False, fullgraph=True, **how)
+        fn = compile_reference(ref_forward, backend=backend)
         return {REFERENCE: lambda: fn(x, w)}
     return extra
 
@@ -1446,7 +1441,7 @@ BWD_TILES_PROBE_CASES = ((5120, 4096), (5120, 16384), (5120, 65536), (6144, 1638
 def bwd_tile_edits(hidden: int) -> dict:
     """{name: BwdConfig}: the backward's config at `hidden` ("entry": the table's, else the
     rule's), the row held as two pieces (configs.row_pieces; one row a tile, 8 or 16 warps,
-    the row loop pipelined 3 deep or not, 2 or 4 programs an SM; at most 24 values of a row a
+    the row loop pipelined 3 deep or not, 2 programs an SM or, at 16 warps, 4; at most 24 values of a row a
     thread: 4 warps at 4096 + 1024 columns and wider spill under ptxas, sm_90), and the entry
     with twice or half its warps (where a thread keeps at most 32 values) and its other
     number of programs per SM. Windows, chunking and small-T fields stay the entry's."""
@@ -1635,7 +1630,7 @@ def parse_args(argv=None):
     elif args.tiles:
         p.error("--tiles needs --probe-tiles")
     # parsed here once: args.kinds a tuple of kinds (default FWD_KINDS), args.tokens a tuple
-    # of row counts or None (FWD_T)
+    # of row counts or None (each command's default: FWD_T / FWD_W32_T, PROBE_TILES_T)
     if args.kinds:
         bad = [k for k in args.kinds.split(",") if k not in FWD_KINDS]
         if bad:
