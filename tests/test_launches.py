@@ -62,3 +62,24 @@ def test_main_lists_the_selected_rows(capsys):
     assert all(line.startswith("H512 T256 | ") for line in out if "block" not in line)
     assert any("decoder block" in line for line in out)
     assert launches.main(["--set", "nonsense"]) == 2
+
+
+def test_with_launch_pdl_every_launch_is_a_programmatic_dependent_launch_on_sm_90(monkeypatch):
+    """The lines are the GPU's (sm_90, the default table's): with dispatch.LAUNCH_PDL each
+    kernel of a backward with its dw combine, and the forward, launched with PDL."""
+    from trainnorm import dispatch
+    monkeypatch.setattr(dispatch, "LAUNCH_PDL", True)
+    lines = launches.row_launches(_row("H512 T4096"))
+    kernels = {line.split(": ", 1)[1].split(" ", 1)[0] for line in lines}
+    assert "dw_combine_kernel" in kernels, lines
+    if dispatch.HAS_PDL:
+        assert all("PDL=True" in line and "launch_pdl=True" in line for line in lines), lines
+    else:
+        assert not any("PDL=True" in line for line in lines), lines
+
+
+def test_launch_pdl_false_launches_plainly(monkeypatch):
+    from trainnorm import dispatch
+    monkeypatch.setattr(dispatch, "LAUNCH_PDL", False)
+    lines = launches.row_launches(_row("H512 T4096"))
+    assert lines and not any("PDL=True" in line or "launch_pdl" in line for line in lines), lines

@@ -1,6 +1,7 @@
 """The tuner's probes run end to end under the interpreter (times stubbed: a GPU measures them)."""
 import json
 
+import pytest
 import torch
 
 from trainnorm.dev import tune
@@ -99,3 +100,67 @@ def test_probe_bwd_tiles_times_every_edit_of_each_case(monkeypatch, tmp_path):
 def test_probe_bwd_tiles_command_line():
     args = tune.parse_args(["--probe-bwd-tiles", "--cases", "5120x16384"])
     assert args.probe_bwd_tiles and tune._probing(args)
+
+
+def test_pdl_options_by_architecture(monkeypatch):
+    from trainnorm import dispatch
+    monkeypatch.setattr(dispatch, "HAS_PDL", True)
+    monkeypatch.setattr(dispatch, "LAUNCH_PDL", True)
+    assert dispatch.pdl_options("sm_90") == dict(PDL=True, launch_pdl=True)
+    assert dispatch.pdl_options("sm_100") == dict(PDL=True, launch_pdl=True)
+    assert dispatch.pdl_options("sm_80") == {}
+    assert dispatch.pdl_options(None) == {}
+    assert dispatch.launch_options("cpu") == {}, "the interpreter launches plainly"
+    monkeypatch.setattr(dispatch, "LAUNCH_PDL", False)
+    assert dispatch.pdl_options("sm_90") == {}
+    monkeypatch.setattr(dispatch, "LAUNCH_PDL", True)
+    monkeypatch.setattr(dispatch, "HAS_PDL", False)
+    assert dispatch.pdl_options("sm_90") == {}
+
+
+def test_probe_pdl_times_both_launches_of_each_op(monkeypatch, tmp_path):
+    from trainnorm import dispatch
+    seen = []
+    real = tune._launching
+    before = dispatch.LAUNCH_PDL
+
+    def launching(pdl, fn):
+        call = real(pdl, fn)
+        return lambda: seen.append((pdl, dispatch.LAUNCH_PDL)) or call()
+    monkeypatch.setattr(tune, "_launching", launching)
+    timed = []
+    monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: timed.append(sorted(fns)) or
+                        {"plain": 3.0, "pdl": 2.0})
+    logs = []
+    run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
+    tune.probe_pdl(run, row_ids=("H4096 T1",))
+    assert timed == [["pdl", "plain"]] * 3, logs
+    raw = json.loads((tmp_path / "probe-pdl.json").read_text())
+    assert set(raw) == {"fwd H4096 T1", "bwd H4096 T1", "step H4096 T1"}
+    assert "step H4096 T1: plain 3.00, pdl 2.00 (1.500x)" in logs
+    assert dispatch.LAUNCH_PDL is before, "the switch is restored"
+    # each side ran (for its bits) under its own setting: real(pdl) sets LAUNCH_PDL inside
+    assert {pdl for pdl, _ in seen} == {False, True}
+
+
+def test_probe_pdl_times_no_op_whose_bits_differ(monkeypatch, tmp_path):
+    real = tune._launching
+
+    def launching(pdl, fn):
+        call = real(pdl, fn)
+        return (lambda: [t + 1 for t in tune._flat_tensors(call())]) if pdl else call
+    monkeypatch.setattr(tune, "_launching", launching)
+    monkeypatch.setattr(tune, "time_fns", lambda *a, **kw: pytest.fail("timed a candidate with other bits"))
+    logs = []
+    run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
+    tune.probe_pdl(run, row_ids=("H4096 T1",), ops=("fwd",))
+    assert logs == ["fwd H4096 T1: outputs differ with PDL; not timed"]
+
+
+def test_probe_pdl_command_line():
+    args = tune.parse_args(["--probe-pdl", "--rows", "H4096 T1;[T,4,256] T1024"])
+    assert args.probe_pdl and tune._probing(args) and args.rows == ("H4096 T1", "[T,4,256] T1024")
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--probe-pdl", "--rows", "H4096 T3"])
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--probe-bwd-tiles", "--rows", "H4096 T1"])

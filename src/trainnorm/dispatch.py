@@ -14,6 +14,7 @@ from .configs import cdiv, combine_config
 try:
     from .kernels import (bwd_col_slices_kernel, bwd_col_tiles_kernel, bwd_one_tile_kernel, dw_combine_kernel,
                           fwd_col_tiles_kernel, fwd_one_tile_kernel)
+    from .kernels.common import HAS_PDL
 except ImportError as _error:   # no Triton (it ships Linux wheels only): the CPU reference path needs none
     from .no_triton import is_missing_triton, missing_kernels
     if not is_missing_triton(_error):
@@ -22,6 +23,7 @@ except ImportError as _error:   # no Triton (it ships Linux wheels only): the CP
      fwd_one_tile_kernel) = missing_kernels(
         ("bwd_col_slices_kernel", "bwd_col_tiles_kernel", "bwd_one_tile_kernel", "dw_combine_kernel",
          "fwd_col_tiles_kernel", "fwd_one_tile_kernel"), _error)
+    HAS_PDL = False
 from .plan import DwForm, backward_key_dtype, backward_plan, forward_plan
 from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_views, runs_kernels, sm_count
 from .variant import DTYPES, Variant
@@ -31,6 +33,29 @@ from .variant import DTYPES, Variant
 # every measured form was compiled: Triton 3.9 warns that its default turns to no fusion in
 # 3.10, which would change y's and dx's bits with the Triton version.
 FP_FUSION = dict(enable_fp_fusion=True)
+
+# Programmatic dependent launch (sm_90 and later): with LAUNCH_PDL every kernel is launched
+# so that it may start while the grid ahead of it in the stream drains, and waits for that
+# grid's writes before its first load or store (kernels/common.py grid_dependency). The bits
+# do not change; the gap between the backward and its dw combine, and between the kernels
+# of a training step, may. Off until timed on the GPU: trainnorm.dev.tune --probe-pdl times
+# the bench's rows both ways.
+LAUNCH_PDL = False
+
+
+def launch_options(device) -> dict:
+    """The launch's PDL constexpr and Triton's launch_pdl option on `device`: pdl_options
+    of its architecture (none on the CPU: the interpreter launches plainly)."""
+    return pdl_options(arch_of(device))
+
+
+def pdl_options(arch: str | None) -> dict:
+    """PDL=True and launch_pdl=True for "sm_90" and later while LAUNCH_PDL holds (and
+    Triton has the instructions, 3.3 on); none for older GPUs and None (the kernels' PDL
+    defaults to False)."""
+    if not LAUNCH_PDL or not HAS_PDL or arch is None or int(arch[3:]) < 90:
+        return {}
+    return dict(PDL=True, launch_pdl=True)
 
 
 def forward(x, weight, residual, gate, eps, variant: Variant):
@@ -60,7 +85,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps, **FP_FUSION)
+                  num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device))
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's
@@ -175,8 +200,9 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             row_programs, slice_start = grid[0], 0
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
+    pdl = launch_options(h.device)
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps, **FP_FUSION)
+                  num_warps=cfg.num_warps, **FP_FUSION, **pdl)
     if stages:
         loads = dict(LOADS="tma", STAGES=stages)
     else:
@@ -198,6 +224,6 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             comb = combine_config(hidden)
             dw_combine_kernel[(cdiv(hidden, comb.block_n),)](
                 partial, dw, plan.num_chunks, hidden,
-                BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps, **FP_FUSION,
+                BLOCK_P=comb.block_p, BLOCK_N=comb.block_n, num_warps=comb.num_warps, **FP_FUSION, **pdl,
             )
     return dx, dw, dz, dres

@@ -91,12 +91,18 @@ class _Recorder:
 def recording(launches):
     """Within the block the package's launches are recorded into `launches` (a Launches, or
     any object with add(kernel, args, kwargs, grid)), not run: the dispatcher takes CPU
-    tensors for device tensors, and each of its kernels is a recorder."""
-    from trainnorm import dispatch, kernels
-    saved = {"runs_kernels": dispatch.runs_kernels}
+    tensors for device tensors, each of its kernels is a recorder, and its launch options
+    (programmatic dependent launch) are those of the launches' target, else of the
+    default table's architecture."""
+    from trainnorm import configs, dispatch, kernels
+    target = getattr(launches, "target", None)
+    arch = f"sm_{target.arch}" if target is not None else configs.DEFAULT_ARCH
+    saved = {"runs_kernels": dispatch.runs_kernels, "launch_options": dispatch.launch_options}
     saved.update({name: getattr(dispatch, name) for name in kernels.__all__})
     try:
         dispatch.runs_kernels = lambda t: True
+        # launched as on a GPU of the target's (else the default table's) architecture
+        dispatch.launch_options = lambda device: dispatch.pdl_options(arch)
         for name in kernels.__all__:
             setattr(dispatch, name, _Recorder(saved[name], launches))
         yield launches

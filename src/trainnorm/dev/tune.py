@@ -20,6 +20,7 @@ times that chose it.
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
     python -m trainnorm.dev.tune --probe-tiles --hidden 6144 --kinds weight_fp32 --tiles "bm2 w8 pieces,bm1 w16 n2048 held" --out DIR
     python -m trainnorm.dev.tune --probe-bwd-tiles [--cases 5120x16384,2560x65536] --out DIR
+    python -m trainnorm.dev.tune --probe-pdl [--rows "H512 T1024;H5120 T4096"] --out DIR
 
 --sweep-bwd times, for the backward, every candidate tile with the row-tile
 loads (plain, prefetch, tensor descriptors), dw_2d, programs per SM and
@@ -105,6 +106,12 @@ deterministic backward's config against the row held as two pieces (4096 + 1024 
 H 5120: none of the 8192-column tile's 3072 masked columns, about half its
 registers a thread) and single edits of the config (bwd_tile_edits), all
 interleaved per case. Raw times to probe-bwd-tiles.json and the log.
+
+--probe-pdl times trainnorm's deterministic fwd, bwd and step on bench rows (--rows,
+ids separated by ';'; default PDL_PROBE_ROWS: the bench's adapter and data) launched
+plainly and with programmatic dependent launch (dispatch.LAUNCH_PDL), interleaved per
+row and op, after a bit-for-bit comparison of the two sides' outputs. Raw times to
+probe-pdl.json and the log.
 
 The table is written to DIR/<arch>.json, or to --table PATH; a file already
 there is the starting point, so sweeps run into one DIR add up. The package's
@@ -1488,6 +1495,71 @@ def probe_bwd_tiles(run: Run, cases=BWD_TILES_PROBE_CASES) -> None:
             torch.cuda.empty_cache()
 
 
+# --- programmatic dependent launch (--probe-pdl) -----------------------------------------------
+
+# bench rows: few rows, the one-launch backward, the partials and their combine, wide rows,
+# a float32 weight, a residual, a gate, per-head views
+PDL_PROBE_ROWS = ("H4096 T1", "H5120 T64", "H512 T1024", "H4096 T1024", "[T,4,256] T1024", "H2048 T4096",
+                  "H5120 T4096", "H512 T16384", "H2048 T16384", "H5120 T16384", "H6144 T4096 w32",
+                  "H6144 T1024 res", "H4096 T4096 gate", "H5120 T65536")
+
+
+def _launching(pdl: bool, fn):
+    """fn run (and so captured) with dispatch.LAUNCH_PDL set to `pdl`."""
+    from trainnorm import dispatch
+
+    def call():
+        saved = dispatch.LAUNCH_PDL
+        dispatch.LAUNCH_PDL = pdl
+        try:
+            return fn()
+        finally:
+            dispatch.LAUNCH_PDL = saved
+    return call
+
+
+def _flat_tensors(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat_tensors(o)]
+    return []
+
+
+def probe_pdl(run: Run, row_ids=PDL_PROBE_ROWS, ops=("fwd", "bwd", "step")) -> None:
+    """trainnorm's deterministic fwd, bwd and step (the bench's adapter and data, so the
+    bench's launches) launched plainly and with programmatic dependent launch
+    (dispatch.LAUNCH_PDL), interleaved per row and op. Each side's outputs are compared
+    bit for bit first; a difference is logged and the op not timed. Raw times to
+    probe-pdl.json and the log, with plain's time over PDL's (> 1: PDL faster)."""
+    from trainnorm.bench import impls as bench_impls
+    from trainnorm.bench import shapes
+    from trainnorm.bench.run import captures as bench_captures
+    by_id = {r.id: r for r in shapes.all_rows()}
+    for rid in row_ids:
+        row = by_id[rid]
+        d = bench_impls.make_row_data(row, run.device)
+        impl = bench_impls.Trainnorm(True)
+        impl.begin_row(d)
+        for op in ops:
+            fns = {name: _launching(pdl, impl.prepare(d, op)) for name, pdl in (("plain", False), ("pdl", True))}
+            outs = {name: [t.clone() for t in _flat_tensors(fn())] for name, fn in fns.items()}
+            what = f"{op} {rid}"
+            if len(outs["plain"]) != len(outs["pdl"]) or not all(
+                    torch.equal(a, b) for a, b in zip(outs["plain"], outs["pdl"])):
+                run.log(f"{what}: outputs differ with PDL; not timed")
+                continue
+            times = time_fns(fns, run.flush, passes=3, samples=10, captures=bench_captures(row, op))
+            run.log(f"{what}: plain {times['plain']:.2f}, pdl {times['pdl']:.2f} "
+                    f"({times['plain'] / times['pdl']:.3f}x)")
+            run.raw[what] = times
+            run.save("probe-pdl.json")
+            del outs, fns
+        impl.end_row()
+        del d
+        torch.cuda.empty_cache()
+
+
 LATENCY_PROBE_CASES = tuple((h, t) for h in (2048, 4096, 5120, 6144) for t in (1, 4, 64))
 LATENCY_PEERS = ("liger", "torch-compile", "quack", "fla")
 
@@ -1561,7 +1633,7 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 # --- command line ---------------------------------------------------------------------------
 
 PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles",
-          "probe_bwd_tiles")
+          "probe_bwd_tiles", "probe_pdl")
 
 
 def _probing(args) -> bool:
@@ -1592,11 +1664,16 @@ def parse_args(argv=None):
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
     sweep.add_argument("--probe-bwd-tiles", action="store_true",
                        help="the backward's config against its row held as two pieces and other edits, at --cases")
+    sweep.add_argument("--probe-pdl", action="store_true",
+                       help="trainnorm's fwd, bwd and step on bench rows (--rows) launched plainly and with "
+                            "programmatic dependent launch")
     sweep.add_argument("--probe-tiles", action="store_true",
                        help="the forward entries at --hidden against the --tiles and torch.compile of the reference")
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
                         "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES, BWD_TILES_PROBE_CASES)")
+    p.add_argument("--rows", default=None,
+                   help="with --probe-pdl: bench row ids separated by ';' (default: PDL_PROBE_ROWS)")
     p.add_argument("--gated", action="store_true",
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
                         "the gated forward's rule and the gated backward's config against their edits "
@@ -1644,9 +1721,18 @@ def parse_args(argv=None):
         if not counts or min(counts) < 1:
             p.error(f"--tokens: expected comma-separated positive row counts, got {args.tokens!r}")
         args.tokens = counts
+    if args.rows:
+        if not args.probe_pdl:
+            p.error("--rows needs --probe-pdl")
+        from trainnorm.bench import shapes
+        known = {r.id for r in shapes.all_rows()}
+        args.rows = tuple(r.strip() for r in args.rows.split(";"))
+        bad = [r for r in args.rows if r not in known]
+        if bad:
+            p.error(f"--rows: no bench row {', '.join(map(repr, bad))}")
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
-    if args.cases and (not _probing(args) or args.probe_tiles):
+    if args.cases and (not _probing(args) or args.probe_tiles or args.probe_pdl):
         p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream, --probe-latency "
                 "or --probe-bwd-tiles")
     return args
@@ -1702,6 +1788,8 @@ def main(argv=None) -> int:
             probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
         elif args.probe_bwd_tiles:
             probe_bwd_tiles(run, cases or BWD_TILES_PROBE_CASES)
+        elif args.probe_pdl:
+            probe_pdl(run, args.rows or PDL_PROBE_ROWS)
         elif args.sweep_small:
             tune_small(run, widths)
         elif args.sweep_fwd:

@@ -64,7 +64,7 @@ batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import INTERPRETED, load_weight, negated, round_to, row_dot, row_offsets
+from .common import INTERPRETED, grid_dependency, load_weight, negated, round_to, row_dot, row_offsets
 from .gate import gate_activation, load_gate
 
 
@@ -316,7 +316,9 @@ def bwd_one_tile_kernel(
     LOADS: tl.constexpr,
     STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
@@ -437,8 +439,10 @@ def bwd_col_tiles_kernel(
     GATE: tl.constexpr,
     GATE_FIRST: tl.constexpr,
     W_OFFSET: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """dw partials go to PARTIAL (the "partial" form) when it is given, else no dw."""
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
         row_start = chunk * rows_per_chunk
@@ -471,12 +475,14 @@ def bwd_col_slices_kernel(
     DW_BM: tl.constexpr,
     DW_BN: tl.constexpr,
     DW_STAGES: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
     grid) the column slices: slice_start 0 gives every program both roles, one
     after the other; slice_start = row_programs gives each program one role. A
     slice walks the rows DW_BM at a time, its loads pipelined DW_STAGES steps deep
     by the compiler (None: not); the additions keep their order either way."""
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     if pid < row_programs:

@@ -9,9 +9,13 @@ dw is bitwise reproducible on any GPU.
 import triton
 import triton.language as tl
 
+from .common import grid_dependency
+
 
 @triton.jit
-def dw_combine_kernel(PARTIAL, DW, num_chunks, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def dw_combine_kernel(PARTIAL, DW, num_chunks, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     o_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols

@@ -16,6 +16,35 @@ import triton
 import triton.language as tl
 
 
+try:    # Triton 3.3 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_PDL = True
+except ImportError:
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
+@triton.jit
+def grid_dependency(PDL: tl.constexpr):
+    """The first thing a kernel launched with programmatic dependent launch does
+    (dispatch.launch_options: sm_90 and later). Such a launch may start before the grid
+    ahead of it in the stream has finished; gdc_wait holds this program until that grid
+    has and its writes are visible, so every load and store of the kernel comes after it.
+    Then the grid behind this one may launch early in turn: its programs wait the same
+    way before they touch memory. No loads, no stores and no other instruction move, so
+    the bits are those of a plain launch; only the gap between two launches shrinks."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 @triton.jit
 def row_offsets(o_m, NH, stride_t, stride_h, TWO_LEVEL: tl.constexpr):
     o_m = o_m.to(tl.int64)

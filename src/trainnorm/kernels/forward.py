@@ -52,8 +52,8 @@ on how many rows there are: y and rstd are batch-invariant.
 import triton
 import triton.language as tl
 
-from .common import (SCALE_DOWN, add_residual, load_h, load_weight, round_to, row_offsets, rstd_from_sums,
-                     rstd_of_rows, weight_as_stored, weight_values)
+from .common import (SCALE_DOWN, add_residual, grid_dependency, load_h, load_weight, round_to, row_offsets,
+                     rstd_from_sums, rstd_of_rows, weight_as_stored, weight_values)
 from .gate import load_gate
 
 
@@ -123,7 +123,9 @@ def fwd_one_tile_kernel(
     W_OFFSET: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     WEIGHT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
@@ -219,7 +221,9 @@ def fwd_col_tiles_kernel(
     W_OFFSET: tl.constexpr,
     HOLD: tl.constexpr,
     WEIGHT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    grid_dependency(PDL)
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     o_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
