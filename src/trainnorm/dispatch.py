@@ -7,6 +7,8 @@ workspace, the scratch), ask plan.py for the form, turn the tensors into rows
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import reference
@@ -38,9 +40,9 @@ FP_FUSION = dict(enable_fp_fusion=True)
 # so that it may start while the grid ahead of it in the stream drains, and waits for that
 # grid's writes before its first load or store (kernels/common.py grid_dependency). The bits
 # do not change; the gap between the backward and its dw combine, and between the kernels
-# of a training step, may. Off until timed on the GPU: trainnorm.dev.tune --probe-pdl times
-# the bench's rows both ways.
-LAUNCH_PDL = False
+# of a training step, may. Off until timed on the GPU (TRAINNORM_PDL=1 in the environment
+# turns it on): trainnorm.dev.tune --probe-pdl times the bench's rows both ways.
+LAUNCH_PDL = os.environ.get("TRAINNORM_PDL", "0") == "1"
 
 
 def launch_options(device) -> dict:
