@@ -78,3 +78,24 @@ def test_forward_rows_per_tile_sum_rows_alike():
     out = compile_check("--rows")
     assert "forward H 6144 weight_fp32 gate first rows per tile [1, 2]: the same" in out
     assert "one order of a row's sum at every row count" in out
+
+
+def test_ptx_digest_ignores_debug_information_only():
+    from trainnorm.dev.compile_check import ptx_digest
+    body = ".visible .entry k(\n)\n{\n\tld.global.b32 %r1, [%rd1];\n\tst.global.b32 [%rd2], %r1;\n}\n"
+    a = "//\n.version 8.7\n" + body.replace("\tld", "\t.loc\t1 14 0\n\tld") + "\t.file\t1 \"a.py\"\n"
+    b = "//\n.version 8.7\n" + body.replace("\tld", "\t.loc\t1 19 3 // a.py:19:3\n\tld")
+    b += "\t.section\t.debug_abbrev\n\t{\n.b8 1\n\t}\n"
+    assert ptx_digest(a) == ptx_digest(b)
+    assert ptx_digest(a) != ptx_digest(a.replace("st.global.b32", "st.global.cs.b32"))
+
+
+def test_pdl_launches_compile_to_a_grid_dependency_wait_and_plain_ones_to_none():
+    """sm_90 PTX of the forward, the backward and its dw combine recorded with and without
+    dispatch.LAUNCH_PDL: griddepcontrol.wait, then launch_dependents, ahead of every global
+    access in the PDL forms; no griddepcontrol in the plain ones."""
+    from trainnorm.kernels.common import HAS_PDL
+    if not HAS_PDL:
+        pytest.skip("this Triton has no grid dependency control")
+    out = compile_check("--pdl")
+    assert "each kernel waits for the grid ahead before its first global access" in out, out

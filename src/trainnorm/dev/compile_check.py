@@ -13,6 +13,8 @@ one block may have is reported and the exit status is 1.
     python -m trainnorm.dev.compile_check [--arch 90] [--quick] [--only fwd-tma|fwd-tiles|slices|pieces|weight]
     python -m trainnorm.dev.compile_check --load-forms
     python -m trainnorm.dev.compile_check --planned
+    python -m trainnorm.dev.compile_check --only plans --ptx-digests new.json    # then under the other tree; diff
+    python -m trainnorm.dev.compile_check --pdl
 
 Besides the forms the table's plans launch (every measured width, odd and
 wide widths, dtypes, residual, gate in both orders, per-head views, both dw
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import contextlib
 import os
 import re
@@ -650,6 +653,53 @@ def check_planned(target, widths=None) -> list[str]:
 
 # --- compiling ------------------------------------------------------------------------------
 
+def check_pdl(target, widths=None) -> list[str]:
+    """The PTX of the forward, the backward and its dw combine (H 512, 300 rows) recorded with
+    and without dispatch.LAUNCH_PDL: with it, each kernel waits for the grid ahead
+    (griddepcontrol.wait) before its first global access, then lets the next launch
+    (launch_dependents); without it no griddepcontrol at all. [] when that holds, else what
+    does not."""
+    import triton
+    from triton.compiler import ASTSource
+    import trainnorm
+    from trainnorm import dispatch
+    from trainnorm.kernels.common import HAS_PDL
+    if not HAS_PDL:
+        return [f"Triton {triton.__version__} has no grid dependency control"]
+
+    def ptx_of(pdl: bool) -> dict:
+        saved = dispatch.LAUNCH_PDL
+        dispatch.LAUNCH_PDL = pdl
+        launches = Launches(target)
+        try:
+            with recording(launches):
+                x, _, dy, _, w = _case((300,), 512, torch.bfloat16, torch.bfloat16)
+                trainnorm.rms_norm_forward(x, w)
+                trainnorm.rms_norm_backward(dy, x, w, torch.empty(300), deterministic=True)
+        finally:
+            dispatch.LAUNCH_PDL = saved
+        out = {}
+        for kernel, signature, constexprs, attrs, options, _, _ in launches.forms.values():
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                                      options=options.__dict__)
+            out[kernel.fn.__name__] = compiled.asm["ptx"]
+        return out
+
+    plain, pdl = ptx_of(False), ptx_of(True)
+    bad = []
+    if sorted(plain) != sorted(pdl) or len(plain) != 3:
+        bad.append(f"kernels recorded: {sorted(plain)} plainly, {sorted(pdl)} with PDL (expected 3, the same)")
+    for name, ptx in pdl.items():
+        body = ptx[ptx.index(".entry"):]
+        wait, go, first = (body.find(s) for s in ("griddepcontrol.wait", "griddepcontrol.launch_dependents",
+                                                   ".global."))
+        if wait < 0 or go < wait or first < wait:
+            bad.append(f"{name} with PDL: wait at {wait}, launch_dependents at {go}, first global access at {first}")
+        if "griddepcontrol" in plain.get(name, ""):
+            bad.append(f"{name} launched plainly holds griddepcontrol")
+    return bad
+
+
 def ptxas_report(ptx: str, arch: int) -> tuple[int, int, str]:
     """(registers, spill store bytes, ptxas output) of ptxas -v on the PTX."""
     from triton.backends.nvidia.compiler import get_ptxas   # the ptxas Triton itself uses for this arch
@@ -696,9 +746,20 @@ def label(form) -> str:
 SHARED_LIMIT = {90: 232448, 100: 232448, 80: 166912, 89: 101376, 86: 101376}
 
 
-def compile_form(form, arch: int, target) -> tuple[int, int, int, int]:
-    """(registers, spill bytes, bulk tensor copies in the PTX, shared memory bytes) of one
-    recorded form."""
+def ptx_digest(ptx: str) -> str:
+    """sha1 of the PTX without its debug information (the .loc and .file lines, comments, the
+    debug sections): two source trees whose kernels compile to the same instructions give
+    the same digest, though their line numbers differ."""
+    import hashlib
+    cut = re.search(r"^\s*\.section\s+\.debug", ptx, re.M)
+    keep = [re.sub(r"\s*//.*$", "", line) for line in (ptx[:cut.start()] if cut else ptx).splitlines()
+            if line.strip() and not line.strip().startswith((".loc", ".file", "//"))]
+    return hashlib.sha1("\n".join(keep).encode()).hexdigest()
+
+
+def compile_form(form, arch: int, target) -> tuple[int, int, int, int, str]:
+    """(registers, spill bytes, bulk tensor copies in the PTX, shared memory bytes,
+    ptx_digest) of one recorded form."""
     import triton
     from triton.compiler import ASTSource
     kernel, signature, constexprs, attrs, options, _, _ = form
@@ -708,7 +769,7 @@ def compile_form(form, arch: int, target) -> tuple[int, int, int, int]:
     regs, spill, text = ptxas_report(ptx, arch)
     if regs < 0:
         raise RuntimeError(f"ptxas gave no register count: {text.strip()[:200]}")
-    return regs, spill, ptx.count("cp.async.bulk.tensor"), compiled.metadata.shared
+    return regs, spill, ptx.count("cp.async.bulk.tensor"), compiled.metadata.shared, ptx_digest(ptx)
 
 
 _FORMS: list = []        # the forms a forked worker compiles, by index
@@ -776,6 +837,12 @@ def parse_args(argv=None):
     p.add_argument("--planned", action="store_true",
                    help="only check that at every width the backward forms the plans take as T grows, and in both "
                         "modes, compile to the same float32 instructions and row-sum orders (minutes)")
+    p.add_argument("--pdl", action="store_true",
+                   help="only check the PTX of launches with and without programmatic dependent launch "
+                        "(dispatch.LAUNCH_PDL): the grid dependency wait ahead of every global access")
+    p.add_argument("--ptx-digests", default=None, metavar="PATH",
+                   help="also write {form: ptx_digest} of every form compiled to PATH (JSON): run under two "
+                        "trees' src and compare, to see whether a source change changed any instruction")
     p.add_argument("--hidden", default=None,
                    help="with --planned: these widths (comma-separated) instead of every table and unseen width")
     return p.parse_args(argv)
@@ -797,7 +864,10 @@ def main(argv=None) -> int:
                                       (args.planned, check_planned, "planned forms",
                                        "the same at every T and in both modes"),
                                       (args.load_forms, check_load_forms, "load forms",
-                                       "the same floating-point instructions")):
+                                       "the same floating-point instructions"),
+                                      (args.pdl, check_pdl, "programmatic dependent launch",
+                                       "each kernel waits for the grid ahead before its first global access; "
+                                       "plain launches hold no wait")):
         if wanted:
             bad = check(target, widths) if check is check_planned else check(target)
             for line in bad:
@@ -809,13 +879,14 @@ def main(argv=None) -> int:
     bad = 0
     forms = [form for _, form in sorted(launches.forms.items(), key=lambda kv: kv[0])]
     print(f"{len(forms)} kernel forms; Triton {triton.__version__}, sm_{args.arch}", flush=True)
+    digests = {}
     for form, (res, err) in zip(forms, _compile_all(forms, args.arch, target, args.jobs)):
         text = label(form)
         if err is not None:
             bad += 1
             print(f"  FAILED  {text}: {err}", flush=True)
             continue
-        regs, spill, bulk, shared = res
+        regs, spill, bulk, shared, digests[text] = res
         over = shared > SHARED_LIMIT.get(args.arch, shared)
         flag = "  SPILLS" if spill else ""
         if over:
@@ -824,6 +895,10 @@ def main(argv=None) -> int:
             flag += f"  bulk copies {bulk}"
         bad += bool(spill) or over
         print(f"  regs {regs:>3} spill {spill:>5} shared {shared:>6}  {text}{flag}", flush=True)
+    if args.ptx_digests:
+        with open(args.ptx_digests, "w") as f:
+            json.dump(digests, f, indent=0, sort_keys=True)
+        print(f"wrote the PTX digests of {len(digests)} forms to {args.ptx_digests}")
     print("compile check:", "OK" if not bad else f"{bad} forms failed, spill or ask for too much shared memory")
     return 1 if bad else 0
 
