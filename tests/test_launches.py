@@ -64,16 +64,23 @@ def test_main_lists_the_selected_rows(capsys):
     assert launches.main(["--set", "nonsense"]) == 2
 
 
-def test_with_launch_pdl_every_launch_is_a_programmatic_dependent_launch_on_sm_90(monkeypatch):
-    """The lines are the GPU's (sm_90, the default table's): with dispatch.LAUNCH_PDL each
-    kernel of a backward with its dw combine, and the forward, launched with PDL."""
+def test_with_launch_pdl_the_backwards_launches_are_programmatic_dependent_on_sm_90(monkeypatch):
+    """The lines are the GPU's (sm_90, the default table's): with dispatch.LAUNCH_PDL the
+    backward's kernel and its dw combine launch with PDL, the forward plainly unless
+    FORWARD_PDL says so too."""
     from trainnorm import dispatch
     monkeypatch.setattr(dispatch, "LAUNCH_PDL", True)
     lines = launches.row_launches(_row("H512 T4096"))
     kernels = {line.split(": ", 1)[1].split(" ", 1)[0] for line in lines}
     assert "dw_combine_kernel" in kernels, lines
+    bwd = [line for line in lines if line.startswith("bwd ")]
+    fwd = [line for line in lines if line.startswith("fwd ")]
+    assert bwd and fwd
     if dispatch.HAS_PDL:
-        assert all("PDL=True" in line and "launch_pdl=True" in line for line in lines), lines
+        assert all("PDL=True" in line and "launch_pdl=True" in line for line in bwd), bwd
+        assert not any("PDL=True" in line for line in fwd), fwd
+        monkeypatch.setattr(dispatch, "FORWARD_PDL", True)
+        assert all("PDL=True" in line for line in launches.row_launches(_row("H512 T4096")))
     else:
         assert not any("PDL=True" in line for line in lines), lines
 
@@ -81,5 +88,6 @@ def test_with_launch_pdl_every_launch_is_a_programmatic_dependent_launch_on_sm_9
 def test_launch_pdl_false_launches_plainly(monkeypatch):
     from trainnorm import dispatch
     monkeypatch.setattr(dispatch, "LAUNCH_PDL", False)
+    monkeypatch.setattr(dispatch, "FORWARD_PDL", True)
     lines = launches.row_launches(_row("H512 T4096"))
     assert lines and not any("PDL=True" in line or "launch_pdl" in line for line in lines), lines

@@ -111,6 +111,12 @@ def test_pdl_options_by_architecture(monkeypatch):
     assert dispatch.pdl_options("sm_80") == {}
     assert dispatch.pdl_options(None) == {}
     assert dispatch.launch_options("cpu") == {}, "the interpreter launches plainly"
+    monkeypatch.setattr(dispatch, "arch_of", lambda device: "sm_90")
+    assert dispatch.launch_options("cuda") == dict(PDL=True, launch_pdl=True)
+    monkeypatch.setattr(dispatch, "FORWARD_PDL", False)
+    assert dispatch.launch_options("cuda", forward=True) == {}
+    monkeypatch.setattr(dispatch, "FORWARD_PDL", True)
+    assert dispatch.launch_options("cuda", forward=True) == dict(PDL=True, launch_pdl=True)
     monkeypatch.setattr(dispatch, "LAUNCH_PDL", False)
     assert dispatch.pdl_options("sm_90") == {}
     monkeypatch.setattr(dispatch, "LAUNCH_PDL", True)

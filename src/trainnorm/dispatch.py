@@ -36,18 +36,31 @@ from .variant import DTYPES, Variant
 # 3.10, which would change y's and dx's bits with the Triton version.
 FP_FUSION = dict(enable_fp_fusion=True)
 
-# Programmatic dependent launch (sm_90 and later): with LAUNCH_PDL every kernel is launched
-# so that it may start while the grid ahead of it in the stream drains, and waits for that
-# grid's writes before its first load or store (kernels/common.py grid_dependency). The bits
-# do not change; the gap between the backward and its dw combine, and between the kernels
-# of a training step, may. Off until timed on the GPU (TRAINNORM_PDL=1 in the environment
-# turns it on): trainnorm.dev.tune --probe-pdl times the bench's rows both ways.
+# Programmatic dependent launch (sm_90 and later): with LAUNCH_PDL the backward's kernels (the
+# main one and the dw combine) are launched so that each may start while the grid ahead of it in
+# the stream drains, and wait for that grid's writes before their first load or store
+# (kernels/common.py grid_dependency). The bits do not change. TRAINNORM_PDL=1 in the
+# environment turns it on; off by default until the GPU suite and verify have run with it.
+# H100, trainnorm.dev.tune --probe-pdl at 50324cf (docs/benchmarks/tune/h100-pdl.txt), us, plain
+# -> PDL, the forward launched plainly: bwd H512 T1024 10.62 -> 9.98, [T,4,256] T1024 12.51 ->
+# 11.84, H5120 T64 6.91 -> 6.82; step (fwd + fwd + bwd) H512 T1024 15.12 -> 13.90, [T,4,256]
+# T1024 18.53 -> 17.14, T4096 30.90 -> 29.74, H4096 T1 10.56 -> 10.11, H5120 T64 13.01 -> 12.43;
+# bwd at H5120 T4096, H512 and H2048 T16384, H6144 T1024 res, H4096 T4096 gate within 1% either way.
 LAUNCH_PDL = os.environ.get("TRAINNORM_PDL", "0") == "1"
+# The forward under PDL as well (with LAUNCH_PDL). Not taken: in the same runs it took the step
+# of H512 T1024 to 13.22-13.34 and of H4096 T1 to 8.64-8.72, but that of the per-head rows
+# [T,4,256] T1024 from 18.22-18.43 to 21.42-21.50 (0.86x) and T4096 from 31.02 to 32.18, while
+# the forward alone moved by at most 3% either way. Why the per-head forward ahead of its
+# dependents costs that is not known.
+FORWARD_PDL = False
 
 
-def launch_options(device) -> dict:
+def launch_options(device, forward: bool = False) -> dict:
     """The launch's PDL constexpr and Triton's launch_pdl option on `device`: pdl_options
-    of its architecture (none on the CPU: the interpreter launches plainly)."""
+    of its architecture (none on the CPU: the interpreter launches plainly); for the
+    forward's kernels (`forward`) only with FORWARD_PDL."""
+    if forward and not FORWARD_PDL:
+        return {}
     return pdl_options(arch_of(device))
 
 
@@ -87,7 +100,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device))
+                  num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device, forward=True))
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's

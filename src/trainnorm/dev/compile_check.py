@@ -95,8 +95,8 @@ def recording(launches):
     """Within the block the package's launches are recorded into `launches` (a Launches, or
     any object with add(kernel, args, kwargs, grid)), not run: the dispatcher takes CPU
     tensors for device tensors, each of its kernels is a recorder, and its launch options
-    (programmatic dependent launch) are those of the launches' target, else of the
-    default table's architecture."""
+    (programmatic dependent launch: dispatch.launch_options) are those of the launches'
+    target, else of the default table's architecture."""
     from trainnorm import configs, dispatch, kernels
     target = getattr(launches, "target", None)
     arch = f"sm_{target.arch}" if target is not None else configs.DEFAULT_ARCH
@@ -105,7 +105,8 @@ def recording(launches):
     try:
         dispatch.runs_kernels = lambda t: True
         # launched as on a GPU of the target's (else the default table's) architecture
-        dispatch.launch_options = lambda device: dispatch.pdl_options(arch)
+        dispatch.launch_options = lambda device, forward=False: (
+            {} if forward and not dispatch.FORWARD_PDL else dispatch.pdl_options(arch))
         for name in kernels.__all__:
             setattr(dispatch, name, _Recorder(saved[name], launches))
         yield launches
@@ -655,7 +656,7 @@ def check_planned(target, widths=None) -> list[str]:
 
 def check_pdl(target, widths=None) -> list[str]:
     """The PTX of the forward, the backward and its dw combine (H 512, 300 rows) recorded with
-    and without dispatch.LAUNCH_PDL: with it, each kernel waits for the grid ahead
+    and without dispatch.LAUNCH_PDL (and FORWARD_PDL): with them, each kernel waits for the grid ahead
     (griddepcontrol.wait) before its first global access, then lets the next launch
     (launch_dependents); without it no griddepcontrol at all. [] when that holds, else what
     does not."""
@@ -668,8 +669,8 @@ def check_pdl(target, widths=None) -> list[str]:
         return [f"Triton {triton.__version__} has no grid dependency control"]
 
     def ptx_of(pdl: bool) -> dict:
-        saved = dispatch.LAUNCH_PDL
-        dispatch.LAUNCH_PDL = pdl
+        saved = dispatch.LAUNCH_PDL, dispatch.FORWARD_PDL
+        dispatch.LAUNCH_PDL = dispatch.FORWARD_PDL = pdl
         launches = Launches(target)
         try:
             with recording(launches):
@@ -677,7 +678,7 @@ def check_pdl(target, widths=None) -> list[str]:
                 trainnorm.rms_norm_forward(x, w)
                 trainnorm.rms_norm_backward(dy, x, w, torch.empty(300), deterministic=True)
         finally:
-            dispatch.LAUNCH_PDL = saved
+            dispatch.LAUNCH_PDL, dispatch.FORWARD_PDL = saved
         out = {}
         for kernel, signature, constexprs, attrs, options, _, _ in launches.forms.values():
             compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
