@@ -47,8 +47,8 @@ FP_FUSION = dict(enable_fp_fusion=True)
 # T1024 18.53 -> 17.14, T4096 30.90 -> 29.74, H4096 T1 10.56 -> 10.11, H5120 T64 13.01 -> 12.43;
 # bwd at H5120 T4096, H512 and H2048 T16384, H6144 T1024 res, H4096 T4096 gate within 1% either way.
 LAUNCH_PDL = os.environ.get("TRAINNORM_PDL", "0") == "1"
-# The forward under PDL as well (with LAUNCH_PDL). Not taken: in the same runs it took the step
-# of H512 T1024 to 13.22-13.34 and of H4096 T1 to 8.64-8.72, but that of the per-head rows
+# The forward under PDL as well (with LAUNCH_PDL). Not taken: in that file's runs 1 and 2 it
+# took the step of H512 T1024 to 13.22-13.34 and of H4096 T1 to 8.64-8.72, but that of the per-head rows
 # [T,4,256] T1024 from 18.22-18.43 to 21.42-21.50 (0.86x) and T4096 from 31.02 to 32.18, while
 # the forward alone moved by at most 3% either way. Why the per-head forward ahead of its
 # dependents costs that is not known.
