@@ -57,18 +57,17 @@ FORWARD_PDL = False
 
 def launch_options(device, forward: bool = False) -> dict:
     """The launch's PDL constexpr and Triton's launch_pdl option on `device`: pdl_options
-    of its architecture (none on the CPU: the interpreter launches plainly); for the
-    forward's kernels (`forward`) only with FORWARD_PDL."""
-    if forward and not FORWARD_PDL:
-        return {}
-    return pdl_options(arch_of(device))
+    of its architecture (none on the CPU: the interpreter launches plainly)."""
+    return pdl_options(arch_of(device), forward)
 
 
-def pdl_options(arch: str | None) -> dict:
+def pdl_options(arch: str | None, forward: bool = False) -> dict:
     """PDL=True and launch_pdl=True for "sm_90" and later while LAUNCH_PDL holds (and
-    Triton has the instructions, 3.3 on); none for older GPUs and None (the kernels' PDL
-    defaults to False)."""
-    if not LAUNCH_PDL or not HAS_PDL or arch is None or int(arch[3:]) < 90:
+    Triton has the instructions, 3.3 on), for the forward's kernels (`forward`) only with
+    FORWARD_PDL; none for older GPUs and None (the kernels' PDL defaults to False)."""
+    if not LAUNCH_PDL or not HAS_PDL or (forward and not FORWARD_PDL):
+        return {}
+    if arch is None or int(arch[3:]) < 90:
         return {}
     return dict(PDL=True, launch_pdl=True)
 

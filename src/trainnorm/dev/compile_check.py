@@ -105,8 +105,7 @@ def recording(launches):
     try:
         dispatch.runs_kernels = lambda t: True
         # launched as on a GPU of the target's (else the default table's) architecture
-        dispatch.launch_options = lambda device, forward=False: (
-            {} if forward and not dispatch.FORWARD_PDL else dispatch.pdl_options(arch))
+        dispatch.launch_options = lambda device, forward=False: dispatch.pdl_options(arch, forward)
         for name in kernels.__all__:
             setattr(dispatch, name, _Recorder(saved[name], launches))
         yield launches
@@ -654,7 +653,7 @@ def check_planned(target, widths=None) -> list[str]:
 
 # --- compiling ------------------------------------------------------------------------------
 
-def check_pdl(target, widths=None) -> list[str]:
+def check_pdl(target) -> list[str]:
     """The PTX of the forward, the backward and its dw combine (H 512, 300 rows) recorded with
     and without dispatch.LAUNCH_PDL (and FORWARD_PDL): with them, each kernel waits for the grid ahead
     (griddepcontrol.wait) before its first global access, then lets the next launch
