@@ -39,14 +39,14 @@ FP_FUSION = dict(enable_fp_fusion=True)
 # Programmatic dependent launch (sm_90 and later): with LAUNCH_PDL the backward's kernels (the
 # main one and the dw combine) are launched so that each may start while the grid ahead of it in
 # the stream drains, and wait for that grid's writes before their first load or store
-# (kernels/common.py grid_dependency). The bits do not change. TRAINNORM_PDL=1 in the
-# environment turns it on; off by default until the GPU suite and verify have run with it.
+# (kernels/common.py grid_dependency). The bits do not change. On by default; TRAINNORM_PDL=0
+# in the environment launches every kernel plainly.
 # H100, trainnorm.dev.tune --probe-pdl at 50324cf (docs/benchmarks/tune/h100-pdl.txt), us, plain
 # -> PDL, the forward launched plainly: bwd H512 T1024 10.62 -> 9.98, [T,4,256] T1024 12.51 ->
 # 11.84, H5120 T64 6.91 -> 6.82; step (fwd + fwd + bwd) H512 T1024 15.12 -> 13.90, [T,4,256]
 # T1024 18.53 -> 17.14, T4096 30.90 -> 29.74, H4096 T1 10.56 -> 10.11, H5120 T64 13.01 -> 12.43;
 # bwd at H5120 T4096, H512 and H2048 T16384, H6144 T1024 res, H4096 T4096 gate within 1% either way.
-LAUNCH_PDL = os.environ.get("TRAINNORM_PDL", "0") == "1"
+LAUNCH_PDL = os.environ.get("TRAINNORM_PDL", "1") != "0"
 # The forward under PDL as well (with LAUNCH_PDL). Not taken: in that file's runs 1 and 2 it
 # took the step of H512 T1024 to 13.22-13.34 and of H4096 T1 to 8.64-8.72, but that of the per-head rows
 # [T,4,256] T1024 from 18.22-18.43 to 21.42-21.50 (0.86x) and T4096 from 31.02 to 32.18, while
