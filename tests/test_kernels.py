@@ -777,6 +777,33 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
                           "h, tiles held")
 
 
+@pytest.mark.parametrize("block_n", [128, 64])
+def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, block_n):
+    # plan.RESIDUAL_HOLD: with a residual, unrolled walks (8 tiles of 128) hold the row's tiles,
+    # one row a tile, whatever the entry says; rolled walks (16 of 64), rows without a residual
+    # and the gated forward keep the entry's. The same bits (y, rstd, h) as the entry's walks
+    hidden, rows = 1000, 23
+    bf16 = torch.bfloat16
+    cfg = fwd_config(hidden, bf16, bf16).replace(block_m=4, block_n=block_n, tma_stages=0, hold_tiles=False)
+    use_configs(forward=cfg)
+    unrolled = cfg.col_tiles(hidden) <= FWD_COL_UNROLL_MAX
+    assert unrolled == (block_n == 128)
+    fp = plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True)
+    assert (fp.hold, fp.block_m(rows)) == ((True, 1) if unrolled else (False, 4))
+    for variant, residual in ((Variant(), False), (Variant(gate="silu"), True)):
+        fp = plan.forward_plan(hidden, bf16, bf16, variant, residual=residual)
+        assert (fp.hold, fp.block_m(rows)) == (False, 4)
+    case = make_case("outlier", (rows,), hidden, residual=True, seed=block_n, device=device)
+    case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
+    ruled = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    monkeypatch.setattr(plan, "RESIDUAL_HOLD", False)
+    assert (plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).block_m(rows)) == 4
+    walked = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    for a, b, n in zip(ruled, walked, ("y", "rstd", "h")):
+        assert_bits_equal(a, b, f"{n}: held, one row a tile, against the entry's walks")
+    check_forward(case.x, case.weight, EPS, case.residual, *ruled)
+
+
 @pytest.mark.parametrize("hidden,pieces", [(100, False), (96, True)])
 @pytest.mark.parametrize("residual,gate,offset", [(False, None, False), (True, None, True), (False, "after", False)])
 def test_forward_weight_reads(device, use_configs, hidden, pieces, residual, gate, offset):

@@ -93,7 +93,8 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             h.copy_(h_ref)
         return y, rstd, h
 
-    plan = forward_plan(hidden, x.dtype, weight.dtype if weight is not None else None, variant, arch_of(x.device))
+    plan = forward_plan(hidden, x.dtype, weight.dtype if weight is not None else None, variant, arch_of(x.device),
+                        residual=residual is not None)
     cfg = plan.cfg
     block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)

@@ -104,6 +104,7 @@ class ForwardPlan:
     weight: str              # when programs with plain loads read the weight: "early", "rows" or "late"
     col_unroll: int          # the column-tile form's unroll factor
     hold: bool = False       # the column-tile form holds a row's tiles between its walks
+    one_row: bool = False    # one row a tile whatever the config's rows (RESIDUAL_HOLD)
 
     @property
     def one_tile(self) -> bool:
@@ -112,17 +113,34 @@ class ForwardPlan:
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
         says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
-        return self.cfg.tile_rows(rows)
+        return 1 if self.one_row else self.cfg.tile_rows(rows)
+
+
+# With a residual, a row walked in unrolled column tiles is held between its walks, one row a
+# tile, whatever the entry says for rows without one: the second walk would read x and r again
+# and add them again. The same additions in the same order (timing only). H100 at 1a8cb1f,
+# trainnorm.dev.tune --probe-tiles --hidden 5120 --kinds plain,weight_fp32 (every tile and
+# torch.compile of the reference interleaved in one process; docs/benchmarks/tune/
+# h100-residual-hold.txt), us at T 256 / 1024 / 4096 / 16384 / 65536, the entry walked twice ->
+# held, one row a tile (torch.compile): bf16 weight, bm1 w8 n2048: 9.38 / 22.69 / 65.15 / 240.78 /
+# 917.09 -> 9.49 / 20.54 / 62.08 / 228.24 / 888.16 (8.38 / 19.54 / 62.93 / 231.23 / 897.36);
+# float32 weight, bm2 w8 n1024: 10.43 / 23.04 / 70.59 / 262.14 / 999.54 -> 10.26 / 21.60 / 63.60 /
+# 229.76 / 891.92 (8.96 / 19.49 / 62.26 / 231.42 / 894.62). Held at two rows a tile: 0.3-7%
+# behind one. Without a residual held was 0-11% behind the entries' walks at T 256-1024 and
+# within 1.2% past them, so the entries keep theirs (FwdSchedule.hold_tiles). Not timed with a gate.
+RESIDUAL_HOLD = True
 
 
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, gate_first: bool,
-                  arch: str | None) -> ForwardPlan:
+                  arch: str | None, residual: bool = False) -> ForwardPlan:
     key = configs.forward_key(hidden, elt, weight_elt, arch, gated)
     cfg = configs.forward_config(key)
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
-    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles)
+    held = unrolled and residual and not gated and RESIDUAL_HOLD
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and (cfg.hold_tiles or held),
+                       one_row=held)
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:
@@ -157,9 +175,9 @@ _forward_plan_cached = lru_cache(maxsize=4096)(_forward_plan)
 
 
 def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None, variant: Variant,
-                 arch: str | None = None) -> ForwardPlan:
+                 arch: str | None = None, residual: bool = False) -> ForwardPlan:
     args = (hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, variant.gated,
-            variant.gated and not variant.norm_before_gate, arch)
+            variant.gated and not variant.norm_before_gate, arch, residual)
     return _forward_plan(*args) if configs.overridden() else _forward_plan_cached(*args)
 
 
