@@ -793,6 +793,12 @@ def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, bloc
     for variant, residual in ((Variant(), False), (Variant(gate="silu"), True)):
         fp = plan.forward_plan(hidden, bf16, bf16, variant, residual=residual)
         assert (fp.hold, fp.block_m(rows)) == (False, 4)
+    # more columns a thread than RESIDUAL_HOLD_MAX_ELEMS: the entry's walks
+    elems = cfg.col_tiles(hidden) * cfg.block_n // (32 * cfg.num_warps)
+    for bound in (elems, elems - 1):
+        monkeypatch.setattr(plan, "RESIDUAL_HOLD_MAX_ELEMS", bound)
+        assert plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).hold == (unrolled and bound == elems)
+    monkeypatch.undo()
     case = make_case("outlier", (rows,), hidden, residual=True, seed=block_n, device=device)
     case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
     ruled = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)

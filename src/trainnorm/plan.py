@@ -128,7 +128,11 @@ class ForwardPlan:
 # 229.76 / 891.92 (8.96 / 19.49 / 62.26 / 231.42 / 894.62). Held at two rows a tile: 0.3-7%
 # behind one. Without a residual held was 0-11% behind the entries' walks at T 256-1024 and
 # within 1.2% past them, so the entries keep theirs (FwdSchedule.hold_tiles). Not timed with a gate.
+# Rows of at most RESIDUAL_HOLD_MAX_ELEMS columns a thread: the timed tiles hold 20 (float32
+# weight) and 24; the default tile at H 65536 (8 x 8192 columns, 16 warps) would hold 128, and
+# compiled for sm_90 (Triton 3.6) its held residual forms spill 80-304 bytes at 128 registers.
 RESIDUAL_HOLD = True
+RESIDUAL_HOLD_MAX_ELEMS = 32
 
 
 def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, gate_first: bool,
@@ -138,7 +142,8 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
-    held = unrolled and residual and not gated and RESIDUAL_HOLD
+    held = (unrolled and residual and not gated and RESIDUAL_HOLD
+            and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
     return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and (cfg.hold_tiles or held),
                        one_row=held)
 
