@@ -789,15 +789,15 @@ def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, bloc
     unrolled = cfg.col_tiles(hidden) <= FWD_COL_UNROLL_MAX
     assert unrolled == (block_n == 128)
     fp = plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True)
-    assert (fp.holds(rows), fp.block_m(rows)) == ((True, 1) if unrolled else (False, 4))
+    assert (fp.hold, fp.block_m(rows)) == ((True, 1) if unrolled else (False, 4))
     for variant, residual in ((Variant(), False), (Variant(gate="silu"), True)):
         fp = plan.forward_plan(hidden, bf16, bf16, variant, residual=residual)
-        assert (fp.holds(rows), fp.block_m(rows)) == (False, 4)
+        assert (fp.hold, fp.block_m(rows)) == (False, 4)
     # more columns a thread than RESIDUAL_HOLD_MAX_ELEMS: the entry's walks
     elems = cfg.col_tiles(hidden) * cfg.block_n // (32 * cfg.num_warps)
     for bound in (elems, elems - 1):
         monkeypatch.setattr(plan, "RESIDUAL_HOLD_MAX_ELEMS", bound)
-        assert plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).holds(rows) == (unrolled and bound == elems)
+        assert plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).hold == (unrolled and bound == elems)
     monkeypatch.undo()
     case = make_case("outlier", (rows,), hidden, residual=True, seed=block_n, device=device)
     case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
@@ -808,33 +808,6 @@ def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, bloc
     for a, b, n in zip(ruled, walked, ("y", "rstd", "h")):
         assert_bits_equal(a, b, f"{n}: held, one row a tile, against the entry's walks")
     check_forward(case.x, case.weight, EPS, case.residual, *ruled)
-
-
-@pytest.mark.parametrize("block_n", [128, 64])
-def test_forward_holds_its_tiles_from_a_row_count(device, use_configs, block_n):
-    # FwdSchedule.hold_min_rows: from that many rows on, unrolled walks (8 tiles of 128) hold
-    # the row's tiles, one row a tile; below it, and for rolled walks (16 of 64) and the gated
-    # forward, the entry's tile. A row's bits (y, rstd) are the same on either side of the edge
-    hidden, edge = 1000, 12
-    bf16 = torch.bfloat16
-    cfg = fwd_config(hidden, bf16, bf16).replace(block_m=4, block_n=block_n, tma_stages=0, hold_tiles=False)
-    unrolled = cfg.col_tiles(hidden) <= FWD_COL_UNROLL_MAX
-    case = make_case("outlier", (23,), hidden, seed=block_n, device=device)
-    case.x[14] *= 1e20              # its float32 sum of squares overflows: summed again scaled down
-    outs = {}
-    for min_rows in (0, edge):
-        use_configs(forward=cfg.replace(hold_min_rows=min_rows))
-        fp = plan.forward_plan(hidden, bf16, bf16, Variant())
-        held = unrolled and min_rows > 0
-        assert [(fp.holds(n), fp.block_m(n)) for n in (edge - 1, edge)] == \
-            [(False, 4), (True, 1) if held else (False, 4)]
-        assert not plan.forward_plan(hidden, bf16, bf16, Variant(gate="silu")).holds(edge)
-        outs[min_rows] = [trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS)[:2] for n in (edge - 1, 23)]
-    for (a, b), (c, d) in zip(outs[0], outs[edge]):
-        assert_bits_equal(a, c, "y, held from the edge against the entry's walks")
-        assert_bits_equal(b, d, "rstd, held from the edge against the entry's walks")
-    assert_bits_equal(outs[edge][0][0], outs[edge][1][0][:edge - 1], "y of a row below and above the edge")
-    check_forward(case.x, case.weight, EPS, None, *trainnorm.rms_norm_forward(case.x, case.weight, EPS))
 
 
 @pytest.mark.parametrize("hidden,pieces", [(100, False), (96, True)])

@@ -532,16 +532,6 @@ def test_sweep_fwd_one_kind_at_given_counts(tmp_path, monkeypatch, device):
     assert len(calls) == 2 * len(list(tune.fwd_sweep_candidates(64)))
 
 
-def test_forward_names_carry_the_hold_edge():
-    # a tile held from a row count (FwdSchedule.hold_min_rows) is named so: the probes' "entry"
-    # of H 5120's float32-weight forward is not the same tile as its walks alone
-    base = FwdConfig.from_fields(block_m=2, block_n=1024, num_warps=8)
-    assert tune.fwd_name(tune.fwd_key(base, 5120)) == "bm2 w8 n1024"
-    assert tune.fwd_name(tune.fwd_key(base.replace(hold_min_rows=4096), 5120)) == "bm2 w8 n1024 held from 4096"
-    # one tile a row: nothing to hold, whatever the field says
-    assert tune.fwd_name(tune.fwd_key(base.replace(block_n=8192, hold_min_rows=4096), 5120)) == "bm2 w8"
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--sweep-bwd", "--kinds", "plain"], "--kinds and --tokens need --sweep-fwd or --probe-tiles"),
     (["--sweep-fwd", "--kinds", "gated"], "--kinds: gated is not one of plain, weight_fp32"),

@@ -104,25 +104,16 @@ class ForwardPlan:
     weight: str              # when programs with plain loads read the weight: "early", "rows" or "late"
     col_unroll: int          # the column-tile form's unroll factor
     hold: bool = False       # the column-tile form holds a row's tiles between its walks
-    # from this many rows on the tiles are held, one row a tile, whatever the config's rows
-    # (RESIDUAL_HOLD: 0; FwdSchedule.hold_min_rows); None: never by row count
-    held_from: int | None = None
+    one_row: bool = False    # one row a tile whatever the config's rows (RESIDUAL_HOLD)
 
     @property
     def one_tile(self) -> bool:
         return self.col_tiles == 1
 
-    def _held_by_rows(self, rows: int) -> bool:
-        return self.held_from is not None and rows >= self.held_from
-
-    def holds(self, rows: int) -> bool:
-        """Whether the column-tile form holds a row's tiles between its walks over `rows` rows."""
-        return self.hold or self._held_by_rows(rows)
-
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
-        says (FwdSchedule.rows_block_m, hold_min_rows; the column layout, so the bits, never change)."""
-        return 1 if self._held_by_rows(rows) else self.cfg.tile_rows(rows)
+        says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
+        return 1 if self.one_row else self.cfg.tile_rows(rows)
 
 
 # With a residual, a row walked in unrolled column tiles is held between its walks, one row a
@@ -151,13 +142,10 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
-    held_from = None
-    if unrolled and residual and not gated and RESIDUAL_HOLD \
-            and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps:
-        held_from = 0
-    elif unrolled and not gated and cfg.hold_min_rows:
-        held_from = cfg.hold_min_rows
-    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles, held_from)
+    held = (unrolled and residual and not gated and RESIDUAL_HOLD
+            and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and (cfg.hold_tiles or held),
+                       one_row=held)
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:

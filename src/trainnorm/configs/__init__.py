@@ -190,10 +190,6 @@ class FwdSchedule:
     # of a row in registers between the two walks rather than read x (and r) again from
     # L1 / L2 (the same additions in the same order: timing only)
     hold_tiles: bool = False
-    # from this many rows on, rows walked in unrolled column tiles are held as hold_tiles does,
-    # one row a tile (0: not by row count). Timing only, like hold_tiles and rows_block_m.
-    # Ungated forwards: the gated forward takes the plain entries' configs untimed with it
-    hold_min_rows: int = 0
     # when a program with plain loads reads the weight (kernels/forward.py, WEIGHT):
     # "rows" beside the first row tile's loads (both in flight together; a row walked in
     # column tiles then walks statically, holding the weight), "late" after the row's sum

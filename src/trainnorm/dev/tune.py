@@ -702,12 +702,12 @@ def fwd_sweep_candidates(hidden):
 def fwd_key(c: FwdConfig, hidden: int):
     chunk = c.block_n if c.block_n < next_pow2(hidden) and not c.block_n2 else 0
     return (c.block_m, c.num_warps, c.tma_stages, c.ctas_per_sm if c.tma_stages else 0, chunk, bool(c.block_n2),
-            c.hold_tiles, c.hold_min_rows if chunk else 0)
+            c.hold_tiles)
 
 
 def fwd_name(k) -> str:
     return (f"bm{k[0]} w{k[1]}" + (f" tma{k[2]} c{k[3]}" if k[2] else "") + (f" n{k[4]}" if k[4] else "")
-            + (" pieces" if k[5] else "") + (" held" if k[6] else "") + (f" held from {k[7]}" if k[7] else ""))
+            + (" pieces" if k[5] else "") + (" held" if k[6] else ""))
 
 
 def _fwd_with(cfg, hidden, x, w, kind, r=None, z=None):
@@ -825,8 +825,6 @@ def probe_tiles(run: Run, widths, kinds, names, counts=None, backend: str = "ind
     and torch.compile of the reference, without and with a residual, interleaved per
     point at `counts` (default PROBE_TILES_T): raw times to probe-tiles.json and the log,
     each time with torch.compile's over it (> 1: the tile is faster). No table is written."""
-    run.log(f"with a residual, rows walked in column tiles of at most {plan_mod.RESIDUAL_HOLD_MAX_ELEMS} columns a "
-            f"thread run held, one row a tile, whatever the tile's name (plan.RESIDUAL_HOLD {plan_mod.RESIDUAL_HOLD})")
     for kind in kinds:
         for hidden in widths:
             entry = config_in(run.table, "forward", hidden, kind)
