@@ -71,13 +71,42 @@ def test_narrow_planned_forms_sum_rows_alike():
 
 
 def test_forward_rows_per_tile_sum_rows_alike():
-    # each forward entry's rows per tile by row count (FwdSchedule.rows_block_m) compiled for
-    # sm_90 at each of its counts: one split of a row's sum, so y and rstd take the same bits
-    # at every T; with a residual, and for a float32-weight entry under a gate too (the gated
-    # forward keeps that entry, windows and all: H 6144's bm1 / bm2 pieces)
+    # the forms each forward entry's plan launches as T grows (rows per tile by row count,
+    # FwdSchedule.rows_block_m; held walks) compiled for sm_90: one split of a row's sum, so y
+    # and rstd take the same bits at every T; for a float32-weight entry under a gate too (the
+    # gated forward keeps that entry, windows and all: H 6144's pieces); without and with a
+    # residual together (SPEC: rms_norm(x, w, residual=r) is rms_norm(h, w)
+    # bit for bit), the residual's held walks (plan.RESIDUAL_HOLD) among them, on or off
     out = compile_check("--rows")
-    assert "forward H 6144 weight_fp32 gate first rows per tile [1, 2]: the same" in out
+    assert "forward H 6144 weight_fp32 gate first ['gate first bm1 (T 1)', 'gate first bm2 (T 1025)']: the same" in out
+    assert ("forward H 5120 weight_fp32 plain/residual ['plain bm2 (T 1)', 'residual bm2 (T 1)', "
+            "'residual bm2 held (T 1024)']: the same") in out
     assert "one order of a row's sum at every row count" in out
+
+
+def test_forward_rows_check_finds_a_window_that_splits_rows_otherwise():
+    # H 5120's float32-weight tile holds two rows of 1024-column tiles over 8 warps (4 warps,
+    # 8 values a thread a row); one row a tile spreads a row over 8 warps at 4 values: another
+    # sum, so a window of one row would give a row other bits below 1024 rows than above.
+    # The check must say so (the interpreter's tests cannot: its reductions have no warps)
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    code = ("from triton.backends.compiler import GPUTarget\n"
+            "from trainnorm.configs import FwdConfig\n"
+            "from trainnorm.dev import compile_check as cc\n"
+            "cfg = FwdConfig.from_fields(block_m=2, block_n=1024, num_warps=8, rows_block_m=((1024, 1),))\n"
+            "bad = cc.check_forward_rows(GPUTarget('cuda', 90, 32), [(5120, 'weight_fp32', cfg)])\n"
+            "print('lines', len(bad))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout
+    lines = [line for line in out.splitlines() if line.startswith("  forward H 5120 weight_fp32")]
+    assert [line.split(" [")[0] for line in lines] == ["  forward H 5120 weight_fp32 plain/residual",
+                                                       "  forward H 5120 weight_fp32 gate after",
+                                                       "  forward H 5120 weight_fp32 gate first"]
+    assert all(line.endswith(": differ") for line in lines)
+    assert "'plain bm1 (T 1)'" in lines[0] and "'residual bm2 held (T 1025)'" in lines[0]
+    assert "lines 3" in out
 
 
 def test_ptx_digest_ignores_debug_information_only():

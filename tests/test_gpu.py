@@ -124,6 +124,31 @@ def test_modes_equal_and_fast_repeat_dx(lead, hidden, kw):
             assert_bits_equal(a, b, n)
 
 
+@pytest.mark.parametrize("rule", [False, True])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_residual_equals_the_norm_of_h(hidden, weight_dtype, rule, monkeypatch):
+    # SPEC: rms_norm(x, w, residual=r) is rms_norm(h, w) bit for bit, at row counts on either
+    # side of the forward's windows and of plan.RESIDUAL_HOLD_MIN_ROWS, with the residual's held
+    # walks (plan.RESIDUAL_HOLD) off and on. 9f3b8e5..67030d0 held them one row a tile, which
+    # split a row of H 5120's float32-weight entry over 8 warps where its two-row tile takes 4
+    from trainnorm import plan
+    monkeypatch.setattr(plan, "RESIDUAL_HOLD", rule)
+    plan.clear_caches()
+    try:
+        case = make_case("outlier", (4096,), hidden, residual=True, weight_dtype=weight_dtype, seed=3,
+                         device="cuda")
+        edge = plan.RESIDUAL_HOLD_MIN_ROWS
+        for n in (1, 300, 1025, edge - 1, edge, 4096):
+            y, rstd, h = trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS, residual=case.residual[:n])
+            y_h, rstd_h, _ = trainnorm.rms_norm_forward(h, case.weight, EPS)
+            assert_bits_equal(y, y_h, f"y at {n} rows, residual against h")
+            assert_bits_equal(rstd, rstd_h, f"rstd at {n} rows, residual against h")
+    finally:
+        monkeypatch.undo()
+        plan.clear_caches()
+
+
 # 1000: a width off the table, whose chunked backward rounded a product that its one-chunk
 # form fused until 2dedf9a (sm_90 instruction counts; compile-check --load-forms)
 @pytest.mark.parametrize("hidden", [512, 1000, 1536, 2048, 4096, 6144])

@@ -779,35 +779,41 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
 
 @pytest.mark.parametrize("block_n", [128, 64])
 def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, block_n):
-    # plan.RESIDUAL_HOLD: with a residual, unrolled walks (8 tiles of 128) hold the row's tiles,
-    # one row a tile, whatever the entry says; rolled walks (16 of 64), rows without a residual
-    # and the gated forward keep the entry's. The same bits (y, rstd, h) as the entry's walks
-    hidden, rows = 1000, 23
+    # plan.RESIDUAL_HOLD: with a residual, from RESIDUAL_HOLD_MIN_ROWS rows on, unrolled walks
+    # (8 tiles of 128) hold the row's tiles at the entry's rows a tile; rolled walks (16 of 64),
+    # rows without a residual and the gated forward keep the entry's walks. The same bits (y,
+    # rstd, h) below and above the edge, and y, rstd those of rms_norm(h, w) (SPEC)
+    hidden, edge = 1000, 12
     bf16 = torch.bfloat16
+    monkeypatch.setattr(plan, "RESIDUAL_HOLD", True)
+    monkeypatch.setattr(plan, "RESIDUAL_HOLD_MIN_ROWS", edge)
     cfg = fwd_config(hidden, bf16, bf16).replace(block_m=4, block_n=block_n, tma_stages=0, hold_tiles=False)
     use_configs(forward=cfg)
     unrolled = cfg.col_tiles(hidden) <= FWD_COL_UNROLL_MAX
     assert unrolled == (block_n == 128)
     fp = plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True)
-    assert (fp.hold, fp.block_m(rows)) == ((True, 1) if unrolled else (False, 4))
+    assert [(fp.holds(n), fp.block_m(n)) for n in (edge - 1, edge)] == [(False, 4), (unrolled, 4)]
     for variant, residual in ((Variant(), False), (Variant(gate="silu"), True)):
-        fp = plan.forward_plan(hidden, bf16, bf16, variant, residual=residual)
-        assert (fp.hold, fp.block_m(rows)) == (False, 4)
+        assert not plan.forward_plan(hidden, bf16, bf16, variant, residual=residual).holds(edge)
     # more columns a thread than RESIDUAL_HOLD_MAX_ELEMS: the entry's walks
     elems = cfg.col_tiles(hidden) * cfg.block_n // (32 * cfg.num_warps)
     for bound in (elems, elems - 1):
         monkeypatch.setattr(plan, "RESIDUAL_HOLD_MAX_ELEMS", bound)
-        assert plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).hold == (unrolled and bound == elems)
-    monkeypatch.undo()
-    case = make_case("outlier", (rows,), hidden, residual=True, seed=block_n, device=device)
-    case.x[4] *= 1e20               # its float32 sum of squares overflows: summed again scaled down
-    ruled = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+        assert plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).holds(edge) == \
+            (unrolled and bound == elems)
+    case = make_case("outlier", (23,), hidden, residual=True, seed=block_n, device=device)
+    case.x[14] *= 1e20              # its float32 sum of squares overflows: summed again scaled down
+    held = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    below = trainnorm.rms_norm_forward(case.x[:edge - 1], case.weight, EPS, residual=case.residual[:edge - 1])
+    for a, b, n in zip(held, below, ("y", "rstd", "h")):
+        assert_bits_equal(a[:edge - 1], b, f"{n}: rows below the edge alone and in a held batch")
+    for a, b, n in zip(held, trainnorm.rms_norm_forward(held[2], case.weight, EPS)[:2], ("y", "rstd")):
+        assert_bits_equal(a, b, f"{n}: with the residual, held, against the norm of h")
     monkeypatch.setattr(plan, "RESIDUAL_HOLD", False)
-    assert (plan.forward_plan(hidden, bf16, bf16, Variant(), residual=True).block_m(rows)) == 4
-    walked = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
-    for a, b, n in zip(ruled, walked, ("y", "rstd", "h")):
-        assert_bits_equal(a, b, f"{n}: held, one row a tile, against the entry's walks")
-    check_forward(case.x, case.weight, EPS, case.residual, *ruled)
+    for a, b, n in zip(held, trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual),
+                       ("y", "rstd", "h")):
+        assert_bits_equal(a, b, f"{n}: held against the entry's walks")
+    check_forward(case.x, case.weight, EPS, case.residual, *held)
 
 
 @pytest.mark.parametrize("hidden,pieces", [(100, False), (96, True)])

@@ -133,7 +133,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
         else:
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
-                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.hold,
+                eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.holds(rows),
                 WEIGHT=plan.weight, **common)
     return y, rstd, h
 

@@ -104,34 +104,46 @@ class ForwardPlan:
     weight: str              # when programs with plain loads read the weight: "early", "rows" or "late"
     col_unroll: int          # the column-tile form's unroll factor
     hold: bool = False       # the column-tile form holds a row's tiles between its walks
-    one_row: bool = False    # one row a tile whatever the config's rows (RESIDUAL_HOLD)
+    held_from: int | None = None     # and from this many rows on (RESIDUAL_HOLD); None: not by rows
 
     @property
     def one_tile(self) -> bool:
         return self.col_tiles == 1
 
+    def holds(self, rows: int) -> bool:
+        """Whether the column-tile form holds a row's tiles between its walks over `rows` rows."""
+        return self.hold or (self.held_from is not None and rows >= self.held_from)
+
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
         says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
-        return 1 if self.one_row else self.cfg.tile_rows(rows)
+        return self.cfg.tile_rows(rows)
 
 
-# With a residual, a row walked in unrolled column tiles is held between its walks, one row a
-# tile, whatever the entry says for rows without one: the second walk would read x and r again
-# and add them again. The same additions in the same order (timing only). H100 at 1a8cb1f,
-# trainnorm.dev.tune --probe-tiles --hidden 5120 --kinds plain,weight_fp32 (every tile and
-# torch.compile of the reference interleaved in one process; docs/benchmarks/tune/
-# h100-residual-hold.txt), us at T 256 / 1024 / 4096 / 16384 / 65536, the entry walked twice ->
-# held, one row a tile (torch.compile): bf16 weight, bm1 w8 n2048: 9.38 / 22.69 / 65.15 / 240.78 /
-# 917.09 -> 9.49 / 20.54 / 62.08 / 228.24 / 888.16 (8.38 / 19.54 / 62.93 / 231.23 / 897.36);
-# float32 weight, bm2 w8 n1024: 10.43 / 23.04 / 70.59 / 262.14 / 999.54 -> 10.26 / 21.60 / 63.60 /
-# 229.76 / 891.92 (8.96 / 19.49 / 62.26 / 231.42 / 894.62). Held at two rows a tile: 0.3-7%
-# behind one. Without a residual held was 0-11% behind the entries' walks at T 256-1024 and
-# within 1.2% past them, so the entries keep theirs (FwdSchedule.hold_tiles). Not timed with a gate.
-# Rows of at most RESIDUAL_HOLD_MAX_ELEMS columns a thread: the timed tiles hold 20 (float32
-# weight) and 24; the default tile at H 65536 (8 x 8192 columns, 16 warps) would hold 128, and
-# compiled for sm_90 (Triton 3.6) its held residual forms spill 80-304 bytes at 128 registers.
-RESIDUAL_HOLD = True
+# With a residual, a row walked in unrolled column tiles may be held between its walks from
+# RESIDUAL_HOLD_MIN_ROWS rows on, at the entry's rows a tile: its second walk would read x and r
+# again and add them again. Held, the tile and its split of a row over values, lanes and warps
+# are the entry's, so y and rstd keep their bits, and rms_norm(x, w, residual=r) stays
+# rms_norm(h, w) bit for bit (SPEC). One row a tile would not keep them where the entry has
+# more: H 5120's float32-weight tile, two rows of 1024-column tiles over 8 warps, splits a row
+# over 4 warps at 8 values, one row over 8 at 4 (trainnorm.dev.compile_check --rows; 9f3b8e5..
+# 67030d0 took one row a tile with a residual, and y of that key with a residual then differed
+# from y of h). H100 at 1a8cb1f, trainnorm.dev.tune --probe-tiles --hidden 5120 --kinds
+# plain,weight_fp32 (every tile and torch.compile of the reference interleaved in one process;
+# docs/benchmarks/tune/h100-residual-hold.txt), with a residual, us at T 256 / 1024 / 4096 /
+# 16384 / 65536, the entry's walks -> held at its rows: bf16 weight (bm1 w8 n2048, bm2 at 257-1024
+# rows) 9.38 -> 9.49 (bm1), 22.69 -> 21.46 (bm2), 65.15 -> 62.08, 240.78 -> 228.24, 917.09 ->
+# 888.16 (bm1); float32 weight (bm2 w8 n1024) 10.43 -> 11.23, 23.04 -> 23.15, 70.59 -> 65.82,
+# 262.14 -> 235.46, 999.54 -> 905.95: behind at T256, level at T1024, 5-10% ahead from T4096, so
+# from 1024 rows (1025-4095 not timed). Without a residual held was 0-11% behind the entries'
+# walks at T 256-1024 and within 1.2% past them: the entries keep theirs (FwdSchedule.hold_tiles).
+# Not timed with a gate. Rows of at most RESIDUAL_HOLD_MAX_ELEMS columns a thread: the timed
+# tiles hold 20 (float32 weight) and 24; the default tile at H 65536 (8 x 8192 columns, 16
+# warps) would hold 128, and compiled for sm_90 (Triton 3.6) its held residual forms spill
+# 80-304 bytes. Off until the GPU suite and verify have run with it (the held forms at the
+# entries' rows were timed, not run through the suite).
+RESIDUAL_HOLD = False
+RESIDUAL_HOLD_MIN_ROWS = 1024
 RESIDUAL_HOLD_MAX_ELEMS = 32
 
 
@@ -144,8 +156,8 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
     held = (unrolled and residual and not gated and RESIDUAL_HOLD
             and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
-    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and (cfg.hold_tiles or held),
-                       one_row=held)
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles,
+                       RESIDUAL_HOLD_MIN_ROWS if held else None)
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:

@@ -582,42 +582,65 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
 
 # --- the forward's rows per tile: one order of a row's sum at every row count ---------------------
 
-# the forms check_forward_rows compiles by entry kind (others: without and with a residual). A
-# float32 weight keeps its weight_fp32 entry under a gate (configs.forward_key), rows per tile
-# and all, so its gated forms are checked too
-ROWS_CHECK_EXTRAS = {"gated": ("gate after",), "weight_fp32": ("", "residual", "gate after", "gate first")}
+# the forms check_forward_rows compares by entry kind, in groups whose forms must all sum a row
+# alike: without and with a residual together (SPEC: rms_norm(x, w, residual=r) is rms_norm(h, w)
+# bit for bit); a float32 weight keeps its weight_fp32 entry under a gate (configs.forward_key),
+# rows per tile and all, so its gated forms are checked too, each order on its own
+ROWS_CHECK_GROUPS = {"gated": (("gate after",),),
+                     "weight_fp32": (("", "residual"), ("gate after",), ("gate first",))}
 
 
 def check_forward_rows(target, entries=None) -> list[str]:
-    """Every forward entry of the sm_90 table with rows per tile by row count
-    (FwdSchedule.rows_block_m), compiled at each of its row counts, with and without a
-    residual (a float32-weight entry also with a gate, both orders: ROWS_CHECK_EXTRAS): a
-    line for every entry whose forms sum a row's columns in other orders (reduction_trees
-    along the last axis; the sums over a tile's rows, which count the rows, are left out).
+    """For every forward entry of the sm_90 table, the forms its plan launches as the row count
+    grows (rows per tile by row count, FwdSchedule.rows_block_m; with a residual the held walks
+    of plan.RESIDUAL_HOLD, on or off), without and with a residual together (a float32-weight
+    entry also under a gate, each order alone: ROWS_CHECK_GROUPS), compiled: a line for every
+    group whose forms sum a row's columns in other orders (reduction_trees along the last axis;
+    the sums over a tile's rows, which count the rows, are left out), i.e. where a row's y and
+    rstd could follow T, or y with a residual differ from y of h.
     entries: [(hidden, kind, FwdConfig)] instead of the table's."""
-    from trainnorm import configs
+    from trainnorm import configs, plan as plan_mod
     from trainnorm.configs import table as tables
+    from trainnorm.variant import Variant
     if entries is None:
         entries = [(e["hidden"], e["kind"], tables.to_config("forward", e))
                    for e in tables.load(configs.DEFAULT_ARCH)["forward"] if e["elt"] == 2]
     bad = []
     kernels = ("fwd_one_tile_kernel", "fwd_col_tiles_kernel")
+    edge = plan_mod.RESIDUAL_HOLD_MIN_ROWS
+    saved = plan_mod.RESIDUAL_HOLD
     for hidden, kind, cfg in entries:
-        counts = sorted({cfg.tile.block_m} | {bm for _, bm in cfg.rows_block_m})
-        if len(counts) == 1:
-            continue
         w_dt = torch.float32 if kind == "weight_fp32" else torch.bfloat16
-        for extra in ROWS_CHECK_EXTRAS.get(kind, ("", "residual")):
-            trees = {}
-            for bm in counts:
-                ops = _form_ops(target, _fwd_call(hidden, w_dt, extra), kernels, last_axis_only=True,
-                                forward=lambda key, c, bm=bm, hidden=hidden, kind=kind:
-                                cfg.replace(block_m=bm, rows_block_m=()) if (key.hidden, key.kind) == (hidden, kind)
-                                else None)
-                trees[f"bm{bm}"] = {"reductions": ops["reductions"]}
-            what = f"forward H {hidden} {kind}{' ' + extra if extra else ''}"
+        counts = sorted({1, edge - 1, edge, 65536} | {n + d for n, _ in cfg.rows_block_m for d in (0, 1)})
+        override = dict(forward=lambda key, c, hidden=hidden, kind=kind, cfg=cfg:
+                        cfg if (key.hidden, key.kind) == (hidden, kind) else None)
+        for group in ROWS_CHECK_GROUPS.get(kind, (("", "residual"),)):
+            forms = {}      # (extra, rows a tile, held) -> (rule, the first row count that launches it)
+            try:
+                for rule in sorted({saved, True}):
+                    plan_mod.RESIDUAL_HOLD = rule
+                    for extra in group:
+                        variant = Variant(gate="silu" if extra.startswith("gate") else None,
+                                          norm_before_gate=extra != "gate first")
+                        with configs.override(**override):
+                            fp = plan_mod.forward_plan(hidden, torch.bfloat16, w_dt, variant, "sm_90",
+                                                       residual=extra == "residual")
+                        for n in counts:
+                            forms.setdefault((extra, fp.block_m(n), fp.holds(n)), (rule, n))
+                if len(forms) == 1:
+                    continue
+                trees = {}
+                for (extra, bm, held), (rule, n) in forms.items():
+                    plan_mod.RESIDUAL_HOLD = rule
+                    ops = _form_ops(target, _fwd_call(hidden, w_dt, extra, n), kernels, last_axis_only=True,
+                                    **override)
+                    trees[f"{extra or 'plain'} bm{bm}{' held' if held else ''} (T {n})"] = \
+                        {"reductions": ops["reductions"]}
+            finally:
+                plan_mod.RESIDUAL_HOLD = saved
+            what = f"forward H {hidden} {kind} {'/'.join(e or 'plain' for e in group)}"
             found = _differing(f"{what}, rows per tile", trees)
-            print(f"  {what} rows per tile {counts}: {'differ' if found else 'the same'}", flush=True)
+            print(f"  {what} {sorted(trees)}: {'differ' if found else 'the same'}", flush=True)
             bad += found
     return bad
 
