@@ -108,6 +108,25 @@ def test_verify_says_what_it_writes_and_leaves_out(capsys, monkeypatch, tmp_path
     assert report["not_checked"] and all(line in out for line in report["not_checked"])
 
 
+def test_verify_compares_the_residual_forward_with_the_norm_of_h(monkeypatch):
+    # SPEC: rms_norm(x, w, residual=r) is rms_norm(h, w) bit for bit; verify's determinism table
+    # says so for every shape (r: the shape's residual, else its dy), and fails where it is not
+    import trainnorm
+    from trainnorm import verify
+    shapes = {s.name: s for s in verify.SHAPES}
+    for name in ("H512", "H6144 res w32", "[T,24,256]"):
+        assert verify.determinism(shapes[name], 3, "cpu")["residual_is_h"] is True
+    real = trainnorm.rms_norm_forward
+
+    def nudged(x, w, eps=1e-6, *, residual=None, **kw):
+        y, rstd, h = real(x, w, eps, residual=residual, **kw)
+        return (y.neg() if residual is not None else y), rstd, h
+    monkeypatch.setattr(trainnorm, "rms_norm_forward", nudged)
+    case = verify._case(shapes["H512"], 3, "outlier", 1, "cpu")
+    assert verify._residual_is_h(case) is False
+    assert not verify.passed([], [{"shape": "H512", "tokens": 3, "residual_is_h": False}])
+
+
 def test_cli_device_choice():
     # demo and verify run the kernels on the GPU only where they can: a GPU and Triton
     from trainnorm import rows

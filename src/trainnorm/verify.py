@@ -4,8 +4,9 @@ Accuracy: for each shape, token count, input family (SPEC section 2),
 seed and weight dtype, dw err/tol of both modes against FP64 at the kernel's
 own rstd, next to the FP32 eager reduction's; y and dx against FP64.
 Determinism (bitwise): repeated calls, simulated SM counts, deterministic vs
-fast mode for y/rstd/h/dx, batch invariance, and on a GPU CUDA-graph replay
-and torch.compile against eager.
+fast mode for y/rstd/h/dx, batch invariance, the forward with a residual against
+the forward of its h (SPEC), and on a GPU CUDA-graph replay and torch.compile
+against eager.
 """
 from __future__ import annotations
 
@@ -103,10 +104,21 @@ def determinism(shape: Shape, tokens: int, device) -> dict:
                      None if case.dh is None else case.dh[1:half])
     out = _run(sub, True)
     res["batch_invariant"] = all(_bits_equal(a[1:half], b) for a, b in zip(ref[:4], out[:4]))
+    res["residual_is_h"] = _residual_is_h(case)
     if torch.device(device).type == "cuda":
         res["cuda_graph"] = _graph_equal(case, ref)
         res["compile"] = _compile_equal(case, ref)
     return res
+
+
+def _residual_is_h(case) -> bool:
+    """SPEC: rms_norm(x, w, residual=r) is rms_norm(h, w) bit for bit (y and rstd); r is the
+    case's residual, or its dy where the shape has none (any tensor of x's shape and dtype)."""
+    from . import rms_norm_forward
+    r = case.residual if case.residual is not None else case.dy
+    y, rstd, h = rms_norm_forward(case.x, case.weight, EPS, residual=r)
+    y_h, rstd_h, _ = rms_norm_forward(h, case.weight, EPS)
+    return _bits_equal(y, y_h) and _bits_equal(rstd, rstd_h)
 
 
 def _graph_equal(case, ref) -> bool:
@@ -171,7 +183,8 @@ def _markdown(acc: list[dict], det: list[dict], header: str) -> str:
         lines.append(f"| {shape} | {fam} | {max(r['tokens'] for r in rs)} | {worst('det'):.4f} | {worst('fast'):.4f} "
                      f"| {worst('eager'):.4f} | {'yes' if beats else 'NO'} | {worst('y'):.2f}, {worst('dx'):.2f} "
                      f"| {worst('rstd'):.1e} | {'yes' if all(r['modes_equal'] for r in rs) else 'NO'} |")
-    keys = [k for k in ("repeat", "sm_counts", "modes_equal", "batch_invariant", "cuda_graph", "compile") if det and k in det[0]]
+    keys = [k for k in ("repeat", "sm_counts", "modes_equal", "batch_invariant", "residual_is_h", "cuda_graph",
+                        "compile") if det and k in det[0]]
     lines += ["", "## bitwise determinism", "", "| shape | T | " + " | ".join(keys) + " |",
               "|---|---|" + "---|" * len(keys)]
     for r in det:
