@@ -91,3 +91,20 @@ def test_launch_pdl_false_launches_plainly(monkeypatch):
     monkeypatch.setattr(dispatch, "FORWARD_PDL", True)
     lines = launches.row_launches(_row("H512 T4096"))
     assert lines and not any("PDL=True" in line or "launch_pdl" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("value, pdl, hold", [(None, True, False), ("0", False, False), ("1", True, True)])
+def test_environment_switches(value, pdl, hold):
+    # TRAINNORM_PDL (programmatic dependent launch, on unless "0") and TRAINNORM_RESIDUAL_HOLD
+    # (the residual's held walks, off unless "1") are read when trainnorm is imported
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINNORM_PDL", "TRAINNORM_RESIDUAL_HOLD")}
+    if value is not None:
+        env.update(TRAINNORM_PDL=value, TRAINNORM_RESIDUAL_HOLD=value)
+    out = subprocess.run([sys.executable, "-c", "from trainnorm import dispatch, plan; "
+                          "print(dispatch.LAUNCH_PDL, plan.RESIDUAL_HOLD)"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(pdl), str(hold)]

@@ -32,6 +32,7 @@ form and both modes; dw's bits are a function of (rows, H, variant, table).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -141,8 +142,9 @@ class ForwardPlan:
 # tiles hold 20 (float32 weight) and 24; the default tile at H 65536 (8 x 8192 columns, 16
 # warps) would hold 128, and compiled for sm_90 (Triton 3.6) its held residual forms spill
 # 80-304 bytes. Off until the GPU suite and verify have run with it (the held forms at the
-# entries' rows were timed, not run through the suite).
-RESIDUAL_HOLD = False
+# entries' rows were timed, not run through the suite); TRAINNORM_RESIDUAL_HOLD=1 in the
+# environment turns it on.
+RESIDUAL_HOLD = os.environ.get("TRAINNORM_RESIDUAL_HOLD", "0") == "1"
 RESIDUAL_HOLD_MIN_ROWS = 1024
 RESIDUAL_HOLD_MAX_ELEMS = 32
 
