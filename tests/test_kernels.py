@@ -760,7 +760,7 @@ def test_forward_two_pass_forms(device, use_configs, block_m, block_n, residual,
         assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
     # the row's tiles held in registers between the walks (unrolled walks): the same bits, h too
     use_configs(forward=cfg.replace(hold_tiles=True))
-    assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant()).hold == (tiles <= FWD_COL_UNROLL_MAX)
+    assert plan.forward_plan(hidden, torch.bfloat16, torch.bfloat16, Variant()).holds(1) == (tiles <= FWD_COL_UNROLL_MAX)
     for a, b, n in zip((y, rstd), fwd(case.x, case.residual, z), ("y", "rstd")):
         assert_bits_equal(a, b, f"{n}, tiles held")
     # the weight's tiles read before the first walk and held (unrolled walks; rolled ones read it late)

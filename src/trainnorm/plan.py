@@ -104,8 +104,9 @@ class ForwardPlan:
     col_tiles: int           # 1: fwd_one_tile_kernel; more: fwd_col_tiles_kernel
     weight: str              # when programs with plain loads read the weight: "early", "rows" or "late"
     col_unroll: int          # the column-tile form's unroll factor
-    hold: bool = False       # the column-tile form holds a row's tiles between its walks
-    held_from: int | None = None     # and from this many rows on (RESIDUAL_HOLD); None: not by rows
+    # the column-tile form holds a row's tiles between its walks from this many rows on: 0
+    # always (FwdSchedule.hold_tiles), RESIDUAL_HOLD_MIN_ROWS with a residual; None never
+    held_from: int | None = None
 
     @property
     def one_tile(self) -> bool:
@@ -113,7 +114,7 @@ class ForwardPlan:
 
     def holds(self, rows: int) -> bool:
         """Whether the column-tile form holds a row's tiles between its walks over `rows` rows."""
-        return self.hold or (self.held_from is not None and rows >= self.held_from)
+        return self.held_from is not None and rows >= self.held_from
 
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
@@ -158,8 +159,8 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
     held = (unrolled and residual and not gated and RESIDUAL_HOLD
             and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
-    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, unrolled and cfg.hold_tiles,
-                       RESIDUAL_HOLD_MIN_ROWS if held else None)
+    held_from = 0 if unrolled and cfg.hold_tiles else RESIDUAL_HOLD_MIN_ROWS if held else None
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, held_from)
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:
