@@ -93,10 +93,10 @@ def test_launch_pdl_false_launches_plainly(monkeypatch):
     assert lines and not any("PDL=True" in line or "launch_pdl" in line for line in lines), lines
 
 
-@pytest.mark.parametrize("value, pdl, hold", [(None, True, False), ("0", False, False), ("1", True, True)])
+@pytest.mark.parametrize("value, pdl, hold", [(None, True, True), ("0", False, False), ("1", True, True)])
 def test_environment_switches(value, pdl, hold):
     # TRAINNORM_PDL (programmatic dependent launch, on unless "0") and TRAINNORM_RESIDUAL_HOLD
-    # (the residual's held walks, off unless "1") are read when trainnorm is imported
+    # (the residual's held walks, on unless "0") are read when trainnorm is imported
     import os
     import subprocess
     import sys
