@@ -21,7 +21,7 @@ from helpers import bwd_plan, check_backward, check_forward, check_gated
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("force_atomic")]
 EPS = 1e-6
 MODE = {"none": DwForm.NONE, "partial": DwForm.PARTIAL, "atomic": DwForm.ATOMIC,
-        "direct": DwForm.DIRECT}
+        "direct": DwForm.DIRECT, "row": DwForm.ROW}
 
 
 def _run(case, deterministic, weight=True, workspace=None):
@@ -37,7 +37,8 @@ def _run(case, deterministic, weight=True, workspace=None):
 @pytest.mark.parametrize("lead,hidden,deterministic,weight,residual,form", [
     ((300,), 512, True, True, False, "partial"),       # partial + fixed-order combine
     ((300,), 512, False, True, True, "atomic"),        # one launch, float64 atomics, last program finishes
-    ((1,), 4096, True, True, True, "direct"),          # one chunk, stored straight to dw
+    ((1,), 4096, True, True, True, "row"),             # one row, its terms straight to dw
+    ((2,), 4096, True, True, True, "direct"),          # one chunk, stored straight to dw
     ((37,), 1536, True, False, False, "none"),         # no weight: no dw
     ((40,), 8200, True, True, True, "partial"),        # backward column tiles (H > 8192)
     ((9,), 20000, False, True, False, "partial"),      # forward column tiles too (H > 16384)

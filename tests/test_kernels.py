@@ -333,7 +333,7 @@ def test_fast_mode_form_windows():
     assert form(65536, 5120, True) == DwForm.PARTIAL
     assert form(65536, 6144, False) == DwForm.PARTIAL       # measured slower with the TMA loads
     assert form(65536, 4096, False) == DwForm.PARTIAL       # never measured faster at H 4096
-    assert form(1, 4096, False) == form(1, 4096, True) == DwForm.DIRECT
+    assert form(1, 4096, False) == form(1, 4096, True) == DwForm.ROW
     assert form(100, 8200, False) == DwForm.PARTIAL          # wide rows: one form for both modes
 
 
@@ -671,6 +671,39 @@ def test_direct_window(device):
     for det in (True, False):
         assert_bits_equal(outs["chunked", det][0], outs["direct", det][0], "dx direct vs chunked")
     assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")
+
+
+@pytest.mark.parametrize("hidden", [96, 1000, 4096, 5120])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_row_dw_is_the_float64_terms_bits(device, hidden, dtype):
+    # DwForm.ROW: one row's dw terms formed in float32 (16-bit h and dy, no gate) are the
+    # float64 terms' bits: dy * h is exact in float32 and one float32 multiply by rstd rounds
+    # the exact product once, as float64 does before its rounding to float32. The same row
+    # beside a second row whose dy is zero (terms +0, so the float64 sum is that row's terms)
+    # runs the float64 path of the direct form. Among the terms: large, tiny (float32
+    # subnormal products) and signed zeros
+    torch.manual_seed(hidden)
+    x = (torch.randn(2, hidden) * 3).to(dtype)
+    dy = torch.randn(2, hidden).to(dtype)
+    dy[0, 5::13] = -0.0
+    if dtype == torch.bfloat16:
+        dy[0, ::7] = torch.tensor(2e-39).to(dtype)            # products below float32's normal range
+        dy[0, 3::11] = torch.tensor(-2.5e-33).to(dtype)
+    dy[1] = 0.0
+    x, dy = x.to(device), dy.to(device)
+    w = torch.randn(hidden, device=device).to(dtype)
+    _, rstd, _ = trainnorm.rms_norm_forward(x, w, EPS)
+    assert bwd_plan(1, hidden, dtype, True, True).dw is DwForm.ROW
+    base = bwd_config(hidden, dtype)
+    with configs.override(backward=base.replace(direct_max_rows=max(base.windows.direct_max_rows, 2))):
+        assert bwd_plan(2, hidden, dtype, True, True).dw is DwForm.DIRECT
+        dx2, dw2 = trainnorm.rms_norm_backward(dy, x, w, rstd)
+    dx1, dw1 = trainnorm.rms_norm_backward(dy[:1], x[:1], w, rstd[:1])
+    assert_bits_equal(dw1, dw2, "dw of one row: float32 terms against float64")
+    assert_bits_equal(dx1, dx2[:1], "dx of the row")
+    if dtype == torch.bfloat16:
+        subnormal = (dw1 != 0) & (dw1.abs() < 2.0 ** -126)
+        assert subnormal.sum() >= hidden // 10, "the case must hold subnormal dw values"
 
 
 COLS_CASES = {   # name: (lead, hidden, make_case kwargs, config overrides)

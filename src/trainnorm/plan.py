@@ -11,6 +11,9 @@ The backward's dw forms, the one named set (kernels/backward.py implements them)
     DwForm.NONE        no dw (no weight, or it needs no gradient)
     DwForm.DIRECT      all rows form one chunk: one program sums them and stores dw
                        (one launch, no workspace, both modes)
+    DwForm.ROW         DIRECT over one row: its dw terms are dw, formed in float32
+                       where that rounds them as the float64 terms are rounded
+                       (16-bit h and dy, no gate): the same bits
     DwForm.COL_SLICES  dx by rows, then dw by column slices over all rows in the same
                        launch (bwd_col_slices_kernel; no workspace, both modes)
     DwForm.PARTIAL     each chunk's float64 partial to a workspace; a second launch
@@ -21,7 +24,7 @@ The backward's dw forms, the one named set (kernels/backward.py implements them)
 
 and the row-count windows between them (configs.BwdWindows):
 
-    rows <= direct_max_rows (and the row fits one tile)      -> DIRECT
+    rows <= direct_max_rows (and the row fits one tile)      -> DIRECT (ROW at one row)
     rows <= slices_max_rows                                  -> COL_SLICES
     deterministic=False, rows >= atomic_min_rows, one tile
                          of one piece (configs: block_n2 0)      -> ATOMIC
@@ -47,6 +50,7 @@ from .variant import Variant
 class DwForm(str, Enum):
     NONE = "none"
     DIRECT = "direct"
+    ROW = "row"
     COL_SLICES = "col_slices"
     PARTIAL = "partial"
     ATOMIC = "atomic"
@@ -285,7 +289,7 @@ def _backward_plan(rows: int, hidden: int, elt: int, gated: bool, deterministic:
     if not need_dw or rows == 0:
         dw = DwForm.NONE
     elif col_tiles == 1 and num_chunks == 1:
-        dw = DwForm.DIRECT
+        dw = DwForm.ROW if rows == 1 else DwForm.DIRECT
     elif rows <= win.slices_max_rows:
         dw = DwForm.COL_SLICES   # small T: dw by column slices in the same launch
     elif col_tiles > 1:

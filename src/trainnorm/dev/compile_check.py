@@ -476,7 +476,21 @@ def _form_ops(target, call, kernels, last_axis_only=False, **override) -> dict:
     with recording(launches), configs.override(**override):
         call()
     (one,) = [f for key, f in launches.forms.items() if key[0] in kernels]
-    return float_ops(one, target, last_axis_only)
+    return float_ops(_direct_twin(one), target, last_axis_only)
+
+
+def _direct_twin(form):
+    """The form with DW_FORM "direct" in place of "row" (DwForm.ROW, the backward over one row),
+    the same launch otherwise. The row form forms dw's terms in float32 where the others take
+    float64 (left out of these comparisons), the same bits (tests/test_kernels.py::
+    test_one_row_dw_is_the_float64_terms_bits on the interpreter and the GPU); counted, those
+    products and their additions into dw would read as dx's instructions. Its dx is compared
+    through the twin: the kernel's code for dx does not look at DW_FORM."""
+    kernel, signature, constexprs, attrs, options, named, widths = form
+    key = (kernel.arg_names.index("DW_FORM"),) if "DW_FORM" in kernel.arg_names else None
+    if key is None or constexprs.get(key) != "row":
+        return form
+    return kernel, signature, {**constexprs, key: "direct"}, attrs, options, named, widths
 
 
 def _fwd_call(hidden, w_dt, extra="", rows=16384):

@@ -32,8 +32,9 @@ The forms (plan.py picks one; its DwForm names how dw is delivered):
   chunk's float64 partial to PARTIAL[chunk, :], summed by combine.py),
   "atomic" (each program adds its float64 sum atomically into a zeroed
   accumulator; the last program to arrive rounds it into DW and re-zeroes it:
-  one launch, last bits may vary, deterministic=False only) or "direct" (one
-  chunk, stored straight to DW). Row-tile loads (LOADS): "plain", "prefetch"
+  one launch, last bits may vary, deterministic=False only), "direct" (one
+  chunk, stored straight to DW) or "row" (direct over one row, whose dw terms
+  are formed in float32 where that gives their float64 bits). Row-tile loads (LOADS): "plain", "prefetch"
   (the next tile's loads issued before the current one is computed) or "tma"
   (tensor descriptors DESC_H, DESC_DY); the row loop is software-pipelined
   STAGES deep (None: not). With DW_2D each tile position keeps its own
@@ -127,13 +128,18 @@ def _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, D
 
 
 @triton.jit
-def _dw_terms(b_dy, b_h, b_rstd, b_a, GATE: tl.constexpr, WIDE_TERMS: tl.constexpr):
+def _dw_terms(b_dy, b_h, b_rstd, b_a, GATE: tl.constexpr, WIDE_TERMS: tl.constexpr, F32: tl.constexpr = False):
     """f64(dy * h) * f64(rstd) [* f64(a(z))]: dy * h is exact in float32 for
     16-bit inputs and the float64 product with rstd is exact, so without a gate
     dw's terms carry no rounding (with one, only a(z)'s float32 rounding).
     WIDE_TERMS (dy or h in float32): float32 dy * h would round (24 + 24 bits),
-    so the product is taken in float64, where it is exact."""
-    if WIDE_TERMS:
+    so the product is taken in float64, where it is exact.
+    F32 (one row, 16-bit inputs, no gate: the terms are dw): float32 dy * h * rstd,
+    the exact product rounded once, which is what the float64 term rounded to
+    float32 is: the same bits without a conversion to float64 and back."""
+    if F32:
+        b_t = (b_dy * b_h) * b_rstd[:, None]
+    elif WIDE_TERMS:
         b_t = b_dy.to(tl.float64) * b_h.to(tl.float64) * b_rstd.to(tl.float64)[:, None]
     else:
         b_t = (b_dy * b_h).to(tl.float64) * b_rstd.to(tl.float64)[:, None]
@@ -180,7 +186,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
                 n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr,
                 GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, LOADS: tl.constexpr,
-                STAGES: tl.constexpr, DW_2D: tl.constexpr):
+                STAGES: tl.constexpr, DW_2D: tl.constexpr, F32_TERMS: tl.constexpr = False):
     """One chunk of rows that fit one tile: dx (dz) stored, dw's terms added to
     b_dw (or, with DW_2D, to b_dw2 per tile position; the second piece's to
     b_dwb) with NEED_DW."""
@@ -238,12 +244,12 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
             if DW_2D:
                 b_dw2 += _dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide)
             else:
-                b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
+                b_dw += tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide, F32_TERMS), axis=0)
         if BLOCK_N2 > 0:
             _store_input_grads(q_h, q_dy, b_rstd, W, b_w2, q_a, q_da, q_xhat, q_g, b_c, DH, DX, DR, DZ, o_m, o_n2,
                                mask2, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
             if NEED_DW:
-                b_dwb += tl.sum(_dw_terms(q_dy, q_h, b_rstd, q_a, GATE, wide), axis=0)
+                b_dwb += tl.sum(_dw_terms(q_dy, q_h, b_rstd, q_a, GATE, wide, F32_TERMS), axis=0)
     return b_dw, b_dw2, b_dwb
 
 
@@ -324,12 +330,21 @@ def bwd_one_tile_kernel(
     m_n = o_n < n_cols
     b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET)
     b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
-    b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
-    if BLOCK_N2 > 0:
-        b_dwb = tl.zeros([BLOCK_N2], dtype=tl.float64)
+    # one row ("row"): with 16-bit h and dy and no gate its dw terms are formed in float32
+    # (_dw_terms), the same bits as float64 terms rounded once. sm_90 converts 16 values
+    # between float32 and float64 a clock an SM: at T 1 one program did 2 x 8192 of them
+    f32_terms: tl.constexpr = (DW_FORM == "row" and GATE is None and HX.dtype.element_ty.primitive_bitwidth <= 16
+                               and DY.dtype.element_ty.primitive_bitwidth <= 16)
+    if f32_terms:
+        DW_DTYPE: tl.constexpr = tl.float32
     else:
-        b_dwb = tl.zeros([1], dtype=tl.float64)
-    if DW_2D:
+        DW_DTYPE: tl.constexpr = tl.float64
+    b_dw = tl.zeros([BLOCK_N], dtype=DW_DTYPE)
+    if BLOCK_N2 > 0:
+        b_dwb = tl.zeros([BLOCK_N2], dtype=DW_DTYPE)
+    else:
+        b_dwb = tl.zeros([1], dtype=DW_DTYPE)
+    if DW_2D and not f32_terms:
         b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
     else:
         b_dw2 = tl.zeros([1, 1], dtype=tl.float64)
@@ -340,15 +355,15 @@ def bwd_one_tile_kernel(
                                          b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
                                          stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
                                          BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
-                                         DW_2D)
-        if DW_2D and DW_FORM != "atomic":
+                                         DW_2D and not f32_terms, f32_terms)
+        if DW_2D and not f32_terms and DW_FORM != "atomic":
             b_dw = tl.sum(b_dw2, axis=0)
             b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
         if DW_FORM == "partial":
             _store_dw(PARTIAL + chunk * n_cols, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, False)
             b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
             b_dwb = tl.zeros_like(b_dwb)
-        elif DW_FORM == "direct":
+        elif DW_FORM == "direct" or DW_FORM == "row":
             _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, True)
     if DW_FORM == "atomic":
         # (plan.py takes no two-piece tile here)
