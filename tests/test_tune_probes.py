@@ -53,6 +53,35 @@ def test_probe_latency_times_trainnorm_and_the_floors_with_and_without_flush(mon
     assert sorted(raw) == ["H96 rows 3 flush", "H96 rows 3 no flush"]
 
 
+def test_probe_flush_times_each_op_after_both_flushes(monkeypatch, tmp_path):
+    ran = []
+
+    def time_fns(fns, flush, **kw):
+        flush()
+        for fn in fns.values():       # each callable runs (the interpreter here)
+            fn()
+        ran.append((sorted(fns), type(flush).__name__))
+        return {name: 2.0 if type(flush).__name__ == "_CleanFlush" else 3.0 for name in fns}
+
+    monkeypatch.setattr(tune, "time_fns", time_fns)
+    logs, flushes = [], []
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    run = tune.Run(table={}, out=str(tmp_path), device=dev, log=logs.append, flush=lambda: flushes.append(1))
+    tune.probe_flush(run, cases=((96, 3),), peers=(), nbytes=4096)
+    names = ["trainnorm bwd", "trainnorm fwd"]
+    assert [r[0] for r in ran] == [names, names], logs
+    assert ran[0][1] == "function" and ran[1][1] == "_CleanFlush"
+    assert len(flushes) == 2           # the clean flush runs the bench's first
+    raw = json.loads((tmp_path / "probe-flush.json").read_text())
+    assert sorted(raw) == ["H96 rows 3 clean", "H96 rows 3 dirty"]
+    assert "trainnorm bwd 3.00 -> 2.00 (1.500x)" in logs[-1]
+
+
+def test_probe_flush_command_line():
+    args = tune.parse_args(["--probe-flush", "--cases", "2560x65536", "--out", "x"])
+    assert args.probe_flush and tune._probing(args)
+
+
 def test_copy_rows_floor_copies_the_rows():
     # on the CPU through the interpreter (tests/conftest.py turns it on)
     from trainnorm.kernels.floors import copy_rows_kernel

@@ -18,6 +18,7 @@ times that chose it.
     python -m trainnorm.dev.tune --probe-chunks [--cases 256x4096] --out DIR
     python -m trainnorm.dev.tune --probe-stream [--cases 4096x16384] --out DIR
     python -m trainnorm.dev.tune --probe-latency [--cases 4096x4] --out DIR
+    python -m trainnorm.dev.tune --probe-flush [--cases 2560x65536] --out DIR
     python -m trainnorm.dev.tune --probe-tiles --hidden 6144 --kinds weight_fp32 --tiles "bm2 w8 pieces,bm1 w16 n2048 held" --out DIR
     python -m trainnorm.dev.tune --probe-bwd-tiles [--cases 5120x16384,2560x65536] --out DIR
     python -m trainnorm.dev.tune --probe-pdl [--rows "H512 T1024;H5120 T4096"] --out DIR
@@ -93,6 +94,13 @@ two floors, an empty Triton kernel and a copy of the rows, each with the L2 flus
 before every replay and without: where a small-T forward's time goes (a gap to a peer
 that closes without the flush is spent on cold fetches, one that stays is the kernel's
 own path). Raw times to probe-latency.json and the log.
+
+--probe-flush times, at FLUSH_PROBE_CASES, the forward and backward of trainnorm and of
+torch.compile (and max-autotune) after the bench's flush, whose fill leaves L2 full of
+dirty lines that DRAM takes back during the next replay, and after a flush that then reads
+another buffer of the same size, leaving L2 clean (what ncu's cache control does before
+each kernel it times): whether a kernel close to the DRAM limit pays more for those lines
+than one with DRAM to spare. Raw times to probe-flush.json and the log.
 
 --probe-tiles times, at --hidden, each forward entry of --kinds against the tiles
 --tiles names (the --sweep-fwd candidates, named as its log names them) and
@@ -1619,6 +1627,68 @@ def probe_latency(run: Run, cases=LATENCY_PROBE_CASES, peers=LATENCY_PEERS) -> N
             impl.end_row()
 
 
+FLUSH_PROBE_CASES = ((2560, 65536), (5376, 65536), (5120, 16384), (4096, 65536))
+FLUSH_PEERS = ("torch-compile", "torch-compile-maxat")
+
+
+class _CleanFlush:
+    """The bench's flush, then a read of as many bytes of another buffer: the fill leaves L2
+    full of dirty lines (50 MB on an H100), which DRAM takes back while the next replay runs;
+    after the read L2 holds clean lines only, as after ncu's cache control, which flushes and
+    invalidates before each kernel it times."""
+
+    def __init__(self, flush, device, nbytes: int):
+        self.flush = flush
+        self.src = torch.zeros(nbytes // 4, dtype=torch.int32, device=device)
+        self.out = torch.empty((), dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.flush()
+        torch.amax(self.src, dim=0, out=self.out)
+
+
+def flush_fns(hidden: int, rows: int, device, peers=FLUSH_PEERS) -> tuple[dict, list]:
+    """({name: zero-argument callable}, [adapters to end_row]) for probe_flush: the forward
+    and backward of trainnorm and of each importable peer of `peers` (bench adapters, bench data)."""
+    from trainnorm.bench import impls as bench_impls
+    from trainnorm.bench import shapes
+    row = shapes.Row(hidden, rows)
+    d = bench_impls.make_row_data(row, device)
+    adapters = [i for i in bench_impls.make_impls() if i.name in ("trainnorm",) + tuple(peers) and i.available()]
+    fns, begun = {}, []
+    for impl in adapters:
+        if impl.skip_reason(row):
+            continue
+        impl.begin_row(d)
+        begun.append(impl)
+        for op in ("fwd", "bwd"):
+            fns[f"{impl.name} {op}"] = impl.prepare(d, op)
+    return fns, begun
+
+
+def probe_flush(run: Run, cases=FLUSH_PROBE_CASES, peers=FLUSH_PEERS, nbytes: int | None = None) -> None:
+    """Time flush_fns at each (H, rows), interleaved, after the bench's flush (L2 left dirty)
+    and after _CleanFlush (L2 left clean); raw times to probe-flush.json. Where trainnorm's
+    time over ncu's kernel time is larger than a peer's (docs/benchmarks/tune/h100-ncu-wide-bwd.md),
+    this says whether the dirty lines are why."""
+    from trainnorm.bench.timing import FLUSH_BYTES
+    clean = _CleanFlush(run.flush, run.device, nbytes or FLUSH_BYTES)
+    for hidden, rows in cases:
+        fns, begun = flush_fns(hidden, rows, run.device, peers)
+        got = {}
+        for name, flush in (("dirty", run.flush), ("clean", clean)):
+            got[name] = time_fns(fns, flush, captures=captures(rows, hidden))
+            run.raw[f"H{hidden} rows {rows} {name}"] = got[name]
+        run.log(f"H{hidden} rows {rows}: " + ", ".join(
+            f"{k} {got['dirty'][k]:.2f} -> {got['clean'][k]:.2f} ({got['dirty'][k] / got['clean'][k]:.3f}x)"
+            for k in fns))
+        run.save("probe-flush.json")
+        for impl in begun:
+            impl.end_row()
+        del fns
+        torch.cuda.empty_cache()
+
+
 def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
     """Leave out (and log) a candidate whose outputs are not those of the rule's config up
     to the reduction order: a broken config is not timed."""
@@ -1633,7 +1703,7 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 # --- command line ---------------------------------------------------------------------------
 
 PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles",
-          "probe_bwd_tiles", "probe_pdl")
+          "probe_bwd_tiles", "probe_pdl", "probe_flush")
 
 
 def _probing(args) -> bool:
@@ -1662,6 +1732,9 @@ def parse_args(argv=None):
                        help="the float32 residual stream's backward: load forms and keys against the bf16 pair")
     sweep.add_argument("--probe-latency", action="store_true",
                        help="few rows: trainnorm, the peers' forwards and launch floors, with and without the L2 flush")
+    sweep.add_argument("--probe-flush", action="store_true",
+                       help="trainnorm's and torch.compile's fwd and bwd after the bench's flush (L2 left dirty) "
+                            "and after a flush that leaves it clean, at --cases")
     sweep.add_argument("--probe-bwd-tiles", action="store_true",
                        help="the backward's config against its row held as two pieces and other edits, at --cases")
     sweep.add_argument("--probe-pdl", action="store_true",
@@ -1671,7 +1744,8 @@ def parse_args(argv=None):
                        help="the forward entries at --hidden against the --tiles and torch.compile of the reference")
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
-                        "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES, BWD_TILES_PROBE_CASES)")
+                        "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES, BWD_TILES_PROBE_CASES, "
+                        "FLUSH_PROBE_CASES)")
     p.add_argument("--rows", default=None,
                    help="with --probe-pdl: bench row ids separated by ';' (default: PDL_PROBE_ROWS)")
     p.add_argument("--gated", action="store_true",
@@ -1733,8 +1807,8 @@ def parse_args(argv=None):
     if args.gated and not (args.sweep_bwd or args.probe_defaults):
         p.error("--gated needs --sweep-bwd or --probe-defaults")
     if args.cases and (not _probing(args) or args.probe_tiles or args.probe_pdl):
-        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream, --probe-latency "
-                "or --probe-bwd-tiles")
+        p.error("--cases needs --probe-defaults, --probe-schedule, --probe-chunks, --probe-stream, --probe-latency, "
+                "--probe-flush or --probe-bwd-tiles")
     return args
 
 
@@ -1784,6 +1858,8 @@ def main(argv=None) -> int:
             probe_stream(run, cases or STREAM_PROBE_CASES)
         elif args.probe_latency:
             probe_latency(run, cases or LATENCY_PROBE_CASES)
+        elif args.probe_flush:
+            probe_flush(run, cases or FLUSH_PROBE_CASES)
         elif args.probe_tiles:
             probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
         elif args.probe_bwd_tiles:
