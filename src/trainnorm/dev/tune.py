@@ -1582,14 +1582,12 @@ class _NoFlush:
         torch.cuda._sleep(100_000)
 
 
-def latency_fns(hidden: int, rows: int, device, peers=LATENCY_PEERS) -> tuple[dict, list]:
-    """({name: zero-argument callable}, [adapters to end_row]) for probe_latency: trainnorm's
-    forward and backward, each importable peer's forward (bench adapters, bench data), an
-    empty Triton kernel over the rows' programs and a copy of the rows (a load and a store
-    of each element, one program a row)."""
+def bench_row_fns(hidden: int, rows: int, device, peers, peer_ops=("fwd", "bwd")) -> tuple[object, dict, list]:
+    """(the bench's data for the row, {"impl op": zero-argument callable}, [adapters to
+    end_row]): trainnorm's forward and backward and each importable peer's `peer_ops`,
+    through `trainnorm bench`'s adapters."""
     from trainnorm.bench import impls as bench_impls
     from trainnorm.bench import shapes
-    from trainnorm.kernels.floors import copy_rows_kernel, empty_kernel
     row = shapes.Row(hidden, rows)
     d = bench_impls.make_row_data(row, device)
     adapters = [i for i in bench_impls.make_impls() if i.name in ("trainnorm",) + tuple(peers) and i.available()]
@@ -1599,9 +1597,18 @@ def latency_fns(hidden: int, rows: int, device, peers=LATENCY_PEERS) -> tuple[di
             continue
         impl.begin_row(d)
         begun.append(impl)
-        fns[f"{impl.name} fwd"] = impl.prepare(d, "fwd")
-        if impl.name == "trainnorm":
-            fns["trainnorm bwd"] = impl.prepare(d, "bwd")
+        for op in ("fwd", "bwd") if impl.name == "trainnorm" else peer_ops:
+            fns[f"{impl.name} {op}"] = impl.prepare(d, op)
+    return d, fns, begun
+
+
+def latency_fns(hidden: int, rows: int, device, peers=LATENCY_PEERS) -> tuple[dict, list]:
+    """({name: zero-argument callable}, [adapters to end_row]) for probe_latency: trainnorm's
+    forward and backward, each importable peer's forward (bench adapters, bench data), an
+    empty Triton kernel over the rows' programs and a copy of the rows (a load and a store
+    of each element, one program a row)."""
+    from trainnorm.kernels.floors import copy_rows_kernel, empty_kernel
+    d, fns, begun = bench_row_fns(hidden, rows, device, peers, peer_ops=("fwd",))
     x = d.x.reshape(-1, hidden)
     y = torch.empty_like(x)
     sink = torch.empty(x.shape[0], device=device)
@@ -1650,19 +1657,7 @@ class _CleanFlush:
 def flush_fns(hidden: int, rows: int, device, peers=FLUSH_PEERS) -> tuple[dict, list]:
     """({name: zero-argument callable}, [adapters to end_row]) for probe_flush: the forward
     and backward of trainnorm and of each importable peer of `peers` (bench adapters, bench data)."""
-    from trainnorm.bench import impls as bench_impls
-    from trainnorm.bench import shapes
-    row = shapes.Row(hidden, rows)
-    d = bench_impls.make_row_data(row, device)
-    adapters = [i for i in bench_impls.make_impls() if i.name in ("trainnorm",) + tuple(peers) and i.available()]
-    fns, begun = {}, []
-    for impl in adapters:
-        if impl.skip_reason(row):
-            continue
-        impl.begin_row(d)
-        begun.append(impl)
-        for op in ("fwd", "bwd"):
-            fns[f"{impl.name} {op}"] = impl.prepare(d, op)
+    _, fns, begun = bench_row_fns(hidden, rows, device, peers)
     return fns, begun
 
 
