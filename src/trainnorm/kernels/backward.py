@@ -344,7 +344,9 @@ def bwd_one_tile_kernel(
         b_dwb = tl.zeros([BLOCK_N2], dtype=DW_DTYPE)
     else:
         b_dwb = tl.zeros([1], dtype=DW_DTYPE)
-    if DW_2D and not f32_terms:
+    # one row has nothing to add per tile position: its terms go straight into b_dw
+    dw_2d: tl.constexpr = DW_2D and not f32_terms
+    if dw_2d:
         b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
     else:
         b_dw2 = tl.zeros([1, 1], dtype=tl.float64)
@@ -355,8 +357,8 @@ def bwd_one_tile_kernel(
                                          b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
                                          stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
                                          BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
-                                         DW_2D and not f32_terms, f32_terms)
-        if DW_2D and not f32_terms and DW_FORM != "atomic":
+                                         dw_2d, f32_terms)
+        if dw_2d and DW_FORM != "atomic":
             b_dw = tl.sum(b_dw2, axis=0)
             b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
         if DW_FORM == "partial":
