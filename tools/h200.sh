@@ -5,6 +5,8 @@
 #   ledger         test (both passes), then verify --quick: what a line of docs/reliability/gpu-runs.md needs
 #   bits OLD_SRC   trainnorm.dev.bits here and against another checkout's src/ (both at once), then compared
 #   bench [args]   trainnorm bench (peers on PYTHONPATH if peer-env.sh b was sourced)
+#   part [args]    trainnorm bench over the rows the earlier parts on this (warm) machine left
+#                  (a bench longer than one call: LIMIT=540 bash tools/h200.sh part --jobs 14 --set default,beyond,block)
 #   tune [args]    python -m trainnorm.dev.tune (e.g. --sweep-bwd; the table lands in $OUT/tune/)
 #   soak [args]    python -m trainnorm.dev.soak (e.g. --cases 10000 --workers 8 --time-limit 480)
 #   compile [args] python -m trainnorm.dev.compile_check (registers and spills per kernel form)
@@ -40,6 +42,14 @@ case "$phase" in
             timeout "${LIMIT:-480}" python3 -m trainnorm.dev.bits --out "$d/new.json" > "$d/new.log" 2>&1; wait
             python3 -m trainnorm.dev.bits --compare "$d/old.json" "$d/new.json"; } 2>&1 | tee "$d/log" | tail -40 ;;
   bench)  timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
+  part)   # one part of a bench longer than a call: the rows no earlier part on this machine
+          # measured (their bench.json kept in $TMPDIR/bench-parts while the machine stays warm),
+          # this part's kept there in turn; `trainnorm bench --merge` joins the parts' files here
+          keep="${TMPDIR:-/tmp}/bench-parts"; mkdir -p "$keep"; done_=("$keep"/*.json)
+          skip=(); [ -e "${done_[0]}" ] && skip=(--skip-done "${done_[@]}")
+          timeout "${LIMIT:-480}" python3 -m trainnorm bench --out "$d" "${skip[@]}" "$@" 2>&1 | tee "$d/log" | tail -20
+          [ -f "$d/bench.json" ] && cp "$d/bench.json" "$keep/part$(ls "$keep" | wc -l).json"
+          echo "parts kept on this machine: $(ls "$keep" | tr '\n' ' ')" ;;
   tune)   timeout "${LIMIT:-480}" python3 -m trainnorm.dev.tune --out "$d" "$@" 2>&1 | tee "$d/log" | tail -80 ;;
   soak)   timeout "${LIMIT:-540}" python3 -m trainnorm.dev.soak --out "$d" "$@" 2>&1 | tee "$d/log" | tail -40 ;;
   compile) timeout "${LIMIT:-540}" python3 -m trainnorm.dev.compile_check "$@" 2>&1 | tee "$d/log" | tail -40 ;;
