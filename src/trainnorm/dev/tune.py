@@ -1654,22 +1654,17 @@ class _CleanFlush:
         torch.amax(self.src, dim=0, out=self.out)
 
 
-def flush_fns(hidden: int, rows: int, device, peers=FLUSH_PEERS) -> tuple[dict, list]:
-    """({name: zero-argument callable}, [adapters to end_row]) for probe_flush: the forward
-    and backward of trainnorm and of each importable peer of `peers` (bench adapters, bench data)."""
-    _, fns, begun = bench_row_fns(hidden, rows, device, peers)
-    return fns, begun
-
-
 def probe_flush(run: Run, cases=FLUSH_PROBE_CASES, peers=FLUSH_PEERS, nbytes: int | None = None) -> None:
-    """Time flush_fns at each (H, rows), interleaved, after the bench's flush (L2 left dirty)
-    and after _CleanFlush (L2 left clean); raw times to probe-flush.json. Where trainnorm's
+    """Time the forward and backward of trainnorm and of each importable peer of `peers`
+    (bench_row_fns: bench adapters, bench data) at each (H, rows), interleaved, after the
+    bench's flush (L2 left dirty) and after _CleanFlush (L2 left clean); raw times to
+    probe-flush.json. Where trainnorm's
     time over ncu's kernel time is larger than a peer's (docs/benchmarks/tune/h100-ncu-wide-bwd.md),
     this says whether the dirty lines are why."""
     from trainnorm.bench.timing import FLUSH_BYTES
     clean = _CleanFlush(run.flush, run.device, nbytes or FLUSH_BYTES)
     for hidden, rows in cases:
-        fns, begun = flush_fns(hidden, rows, run.device, peers)
+        _, fns, begun = bench_row_fns(hidden, rows, run.device, peers)
         got = {}
         for name, flush in (("dirty", run.flush), ("clean", clean)):
             got[name] = time_fns(fns, flush, captures=captures(rows, hidden))
