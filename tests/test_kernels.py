@@ -673,6 +673,35 @@ def test_direct_window(device):
     assert_bits_equal(outs["direct", True][1], outs["direct", False][1], "direct dw: both modes one form")
 
 
+@pytest.mark.parametrize("hidden,block_m", [(96, 8), (512, 8), (2048, 4), (4096, 2)])
+def test_one_chunk_of_few_rows_takes_fewer_rows_a_tile(device, hidden, block_m):
+    # one chunk of fewer rows than the tile holds runs a tile of next_pow2(rows) rows: the
+    # same columns, warps and split of a row, so dx is the full tile's bits, and dw too (the
+    # rows it drops are masked, their terms +0). The full tile runs here on block_m rows whose
+    # rows past n are zeros (dy = 0 and x = 0: terms +0, as the masked rows')
+    base = bwd_config(hidden).replace(block_m=block_m, min_rows_per_chunk=block_m,
+                                      direct_max_rows=block_m, slices_max_rows=0)
+    case = make_case("outlier", (block_m,), hidden, seed=block_m, device=device)
+    with configs.override(backward=base):
+        assert bwd_plan(1, hidden).block_m == {96: 8, 512: 2, 2048: 1, 4096: 1}[hidden]
+        for n in range(1, block_m):
+            p = bwd_plan(n, hidden)
+            # at least as many rows as lay the full tile's threads along its columns (16 bytes a thread)
+            keep = max(1, base.tile.num_warps * 256 // base.tile.block_n)
+            assert p.num_chunks == 1 and p.block_m == min(block_m, max(configs.next_pow2(n), keep))
+            assert p.rows_per_chunk == -(-n // p.block_m) * p.block_m
+            assert p.dw is (DwForm.ROW if n == 1 else DwForm.DIRECT)
+            x, dy = case.x.clone(), case.dy.clone()
+            x[n:], dy[n:] = 0, 0
+            y, rstd, _ = trainnorm.rms_norm_forward(x, case.weight, EPS)
+            assert bwd_plan(block_m, hidden).block_m == block_m
+            dx_full, dw_full = trainnorm.rms_norm_backward(dy, x, case.weight, rstd)
+            dx, dw = trainnorm.rms_norm_backward(dy[:n], x[:n], case.weight, rstd[:n])
+            assert_bits_equal(dx, dx_full[:n], f"dx of {n} rows against the {block_m}-row tile")
+            # (one row forms its terms in float32, DwForm.ROW: the same bits, the test below)
+            assert_bits_equal(dw, dw_full, f"dw of {n} rows against the {block_m}-row tile")
+
+
 @pytest.mark.parametrize("hidden", [96, 1000, 4096, 5120])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_row_dw_is_the_float64_terms_bits(device, hidden, dtype):

@@ -198,7 +198,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     stages = descriptor_stages(stages, plan.col_tiles, nh, (dyv, sdyt), (hv, sht), elt=key_dtype.itemsize,
                                 block_n=cfg.block_n, hidden=hidden)
     if stages:
-        desc_dy, desc_h = (row_descriptor(t, st, rows, hidden, cfg.block_m, cfg.block_n)
+        desc_dy, desc_h = (row_descriptor(t, st, rows, hidden, plan.block_m, cfg.block_n)
                            for t, st in ((dyv, sdyt), (hv, sht)))
     else:
         desc_dy = desc_h = None
@@ -216,7 +216,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     pdl = launch_options(h.device)
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
+    common = dict(BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps, **FP_FUSION, **pdl)
     if stages:
         loads = dict(LOADS="tma", STAGES=stages)

@@ -230,6 +230,8 @@ class BackwardPlan:
     num_chunks: int
     rows_per_chunk: int
     dw: DwForm
+    block_m: int             # rows per tile: the tile's, fewer where one chunk holds fewer rows
+
 
     @property
     def workspace_bytes(self) -> int:
@@ -245,7 +247,7 @@ class BackwardPlan:
         if self.col_tiles != 1:
             return False, 0
         prefetch, stages = self.cfg.schedule.loads(self.num_chunks == 1)
-        return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.cfg.block_m)))
+        return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.block_m)))
 
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
@@ -258,6 +260,20 @@ def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:
     rpc = max(tile.min_rows_per_chunk, cdiv(rows, tile.chunks_at_most(rows)))
     rpc = cdiv(rpc, tile.block_m) * tile.block_m
     return cdiv(rows, rpc), rpc
+
+
+def one_chunk_block_m(cfg: BwdConfig, rows: int) -> int:
+    """Rows a tile for one chunk of `rows` rows that fit one tile: the tile's, or down to
+    next_pow2(rows) where fewer rows leave a tile's split of a row over values, lanes and
+    warps as it is. Triton lays a [rows, block_n] tile's threads along the columns first, 16
+    bytes a thread (8 values of 16 bits, the narrowest stream), so a tile of at least
+    num_warps x 256 / block_n rows (block_n2 where the row's second piece is narrower) keeps the split: the same sums of a row in the same order,
+    dx's bits (trainnorm.dev.compile_check --load-forms compares the planned forms' row sums);
+    dw's sums lose only masked rows, whose terms are +0. Fewer rows a tile at T 1-4 cut the
+    instructions of the one launch (sm_90, Triton 3.6: H 4096 T 1 424 -> 336, H 2048 280 -> 216)."""
+    tile = cfg.tile
+    keep = max(1, tile.num_warps * 256 // min(tile.block_n, tile.block_n2 or tile.block_n))
+    return min(tile.block_m, max(configs.next_pow2(rows), keep))
 
 
 def backward_key_dtype(x_dtype: torch.dtype, dy_dtype: torch.dtype) -> torch.dtype:
@@ -300,7 +316,9 @@ def _backward_plan(rows: int, hidden: int, elt: int, gated: bool, deterministic:
         dw = DwForm.PARTIAL      # deterministic=False too, where the atomic form is not faster
     else:
         dw = DwForm.ATOMIC
-    return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, dw)
+    block_m = one_chunk_block_m(cfg, rows) if col_tiles == 1 and num_chunks == 1 else cfg.tile.block_m
+    rpc = cdiv(rows, block_m) * block_m if num_chunks == 1 else rpc
+    return BackwardPlan(cfg, hidden, col_tiles, num_chunks, rpc, dw, block_m)
 
 
 _backward_plan_cached = lru_cache(maxsize=4096)(_backward_plan)

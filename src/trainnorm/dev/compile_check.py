@@ -469,14 +469,23 @@ def _descriptors_forced(on: bool = True):
         dispatch.descriptor_stages = real
 
 
-def _form_ops(target, call, kernels, last_axis_only=False, **override) -> dict:
-    """float_ops of the one form of `kernels` that call() launches under configs.override."""
+def _form_ops(target, call, kernels, last_axis_only=False, per_row=False, **override) -> dict:
+    """float_ops of the one form of `kernels` that call() launches under configs.override;
+    per_row: each instruction's count over the form's rows a tile (BLOCK_M), a fraction where
+    it does not divide (one chunk of few rows runs a tile of fewer rows: the same code a row)."""
+    from fractions import Fraction
+
     from trainnorm import configs
     launches = Launches(target)
     with recording(launches), configs.override(**override):
         call()
     (one,) = [f for key, f in launches.forms.items() if key[0] in kernels]
-    return float_ops(_direct_twin(one), target, last_axis_only)
+    ops = float_ops(_direct_twin(one), target, last_axis_only)
+    kernel, constexprs = one[0], one[2]
+    if per_row and "BLOCK_M" in kernel.arg_names:
+        rows = constexprs[(kernel.arg_names.index("BLOCK_M"),)]
+        ops = {k: v if k == "reductions" else Fraction(v, rows) for k, v in ops.items()}
+    return ops
 
 
 def _direct_twin(form):
@@ -532,6 +541,16 @@ def _differing(what: str, ops: dict, keep=lambda op: True) -> list[str]:
     return [f"{what}: " + "; ".join(f"{form} {sorted(v.items())}" for form, v in ops.items())]
 
 
+def dx_op(op: str) -> bool:
+    """The instructions by which the backward's planned forms are compared for dx (counted a
+    tile row, _form_ops per_row): float32 ones but the adds. Where a tile holds fewer rows a
+    thread (one chunk of few rows, plan.one_chunk_block_m), the adds of the cross-warp step of
+    a row's sum, one a thread whatever its rows, count differently a row (Triton 3.6, H 512 at 2
+    and 8 rows a tile); the sum itself is compared as its tree ("reductions"), and a product
+    fused in one form and rounded alone in another still shows as one fma.rn.f32 fewer."""
+    return op.endswith("f32") and not op.startswith("add.")
+
+
 def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
     """The backward's load forms at each width and stream dtypes (on the width's bf16 entry,
     descriptors forced), the backward forms the plans take at T 1, 300 and 16384, and the
@@ -555,14 +574,16 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
             bad += _differing(f"H {hidden}, {streams[0]}", ops)
     # the forms the plans take as T grows (one chunk, column slices, chunks): a row's dx
     # must not depend on T (before 2dedf9a the chunked form at H 1000 with a residual
-    # rounded a product that the one-chunk form fused); float32 instructions only
+    # rounded a product that the one-chunk form fused); float32 instructions only, counted
+    # a tile row (a chunk of fewer rows than the tile runs a tile of fewer rows)
     planned = ("bwd_one_tile_kernel", "bwd_col_slices_kernel", "bwd_col_tiles_kernel")
     for hidden in PLANNED_WIDTHS:
         for streams in LOAD_FORM_STREAMS:
-            ops = {f"T {t}": _form_ops(target, _bwd_call(t, hidden, streams), planned) for t in PLANNED_ROWS}
+            ops = {f"T {t}": _form_ops(target, _bwd_call(t, hidden, streams), planned, per_row=True)
+                   for t in PLANNED_ROWS}
             ops[f"T {PLANNED_ROWS[-1]}, stride {hidden + 4}"] = _form_ops(
-                target, _bwd_call(PLANNED_ROWS[-1], hidden, streams, pad=4), planned)
-            bad += _differing(f"H {hidden}, {streams[0]}, the planned forms", ops, keep=lambda op: op.endswith("f32"))
+                target, _bwd_call(PLANNED_ROWS[-1], hidden, streams, pad=4), planned, per_row=True)
+            bad += _differing(f"H {hidden}, {streams[0]}, the planned forms", ops, keep=dx_op)
     # the forward's plain and descriptor forms, at H 1536 and where the table reads through
     # descriptors, with and without a (16-bit) residual
     desc_keys, tile_keys = fwd_load_form_keys()
@@ -670,7 +691,7 @@ PLANNED_UNSEEN = (768, 1000, 2560, 3072, 8192)
 def check_planned(target, widths=None) -> list[str]:
     """For every width (the table's and PLANNED_UNSEEN) and stream set, the backward form the
     plans launch at each of PLANNED_ALL_ROWS, in both modes from T 4096: a line for every set
-    whose forms differ in float32 instructions or float32 reduction trees, i.e. where a row's
+    whose forms differ in float32 instructions a tile row (dx_op) or float32 reduction trees, i.e. where a row's
     dx could follow T (batch invariance) or the mode (SPEC: the modes give the same dx).
     dw's float64 sums differ between dw forms by design and are left out."""
     planned = ("bwd_one_tile_kernel", "bwd_col_slices_kernel", "bwd_col_tiles_kernel")
@@ -681,8 +702,8 @@ def check_planned(target, widths=None) -> list[str]:
             for rows in PLANNED_ALL_ROWS:
                 for det in ((True, False) if rows >= 4096 else (True,)):
                     ops[f"T {rows}{'' if det else ' fast'}"] = _form_ops(target, _bwd_call(rows, hidden, case, det),
-                                                                         planned)
-            found = _differing(f"H {hidden}, {case[0]}", ops, keep=lambda op: op.endswith("f32"))
+                                                                         planned, per_row=True)
+            found = _differing(f"H {hidden}, {case[0]}", ops, keep=dx_op)
             print(f"  H {hidden}, {case[0]}: {'differ' if found else 'the same'}", flush=True)
             bad += found
     return bad
