@@ -244,7 +244,8 @@ def test_chunk_stages_no_deeper_than_its_tiles(device, use_configs, prefetch):
     for rows in (2, 6, 16, 24, 64, 300):
         p = bwd_plan(rows, hidden)
         got[rows] = (p.rows_per_chunk, p.loads())
-    assert got[2] == (2, (prefetch, 2)) and got[6] == (2, (prefetch, 2)) and got[16] == (2, (prefetch, 2))
+    # (one program of one row tile reads plain: plan.ONE_TILE_PLAIN)
+    assert got[2] == (2, (False, 0)) and got[6] == (2, (prefetch, 2)) and got[16] == (2, (prefetch, 2))
     assert got[24] == (4, (prefetch, 2)) and got[64] == (8, (prefetch, 4)) and got[300] == (38, (prefetch, 4))
     use_configs(backward=cfg.replace(min_rows_per_chunk=6))
     assert bwd_plan(24, hidden).loads() == (prefetch, 3)            # 4 chunks of 6 rows: 3 tiles
@@ -381,10 +382,11 @@ def test_load_forms_same_bits(device, monkeypatch, gated, residual):
 def test_tma_needs_aligned_rows(device, monkeypatch):
     # rows whose stride is not a multiple of 16 bytes cannot be described: such a view of
     # a 16-multiple width is copied once (rows.row_views: Triton would specialise it
-    # otherwise than contiguous rows) and the copy is read through descriptors; same bits
+    # otherwise than contiguous rows) and the copy is read through descriptors; same bits.
+    # 100 rows: more than one program of one tile, which reads plainly (plan.ONE_TILE_PLAIN)
     hidden = 96
-    buf = torch.randn(30, hidden + 1, device=device).to(torch.bfloat16)
-    x, dy = buf[:, 1:], torch.randn(30, hidden, device=device).to(torch.bfloat16)
+    buf = torch.randn(100, hidden + 1, device=device).to(torch.bfloat16)
+    x, dy = buf[:, 1:], torch.randn(100, hidden, device=device).to(torch.bfloat16)
     w = torch.randn(hidden, device=device).to(torch.bfloat16)
     made = record_descriptors(monkeypatch)
     outs = []
@@ -403,11 +405,12 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
 def test_tma_needs_16_byte_block_rows(device, monkeypatch, hidden, gated):
     # a bulk copy's block row holds at least 16 bytes: narrower tiles (H 1-4 in bf16, whose
     # default config asks for descriptor loads) read plainly even where the rows are aligned,
-    # here slices of a buffer 16 wide; the soak found H 2 and 4 raising from the descriptor
-    buf = torch.randn(2, 37, 16, device=device).to(torch.bfloat16)
+    # here slices of a buffer 16 wide; the soak found H 2 and 4 raising from the descriptor.
+    # 200 rows: more than one program of one tile, which reads plainly (plan.ONE_TILE_PLAIN)
+    buf = torch.randn(2, 200, 16, device=device).to(torch.bfloat16)
     x, dy = buf[0, :, :hidden], buf[1, :, :hidden]
     w = (1 + 0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)
-    z = torch.randn(37, 16, device=device).to(torch.bfloat16)[:, :hidden] if gated else None
+    z = torch.randn(200, 16, device=device).to(torch.bfloat16)[:, :hidden] if gated else None
     made = record_descriptors(monkeypatch)
     for det in (True, False):
         if gated:

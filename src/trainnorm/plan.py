@@ -222,6 +222,15 @@ def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | No
 # 1.10x with a float32 weight, where the 4 stages had run 0.81-0.87x.
 
 
+# ONE_TILE_PLAIN: a launch of one row tile (T 1-4 at most entries: one chunk of rows_per_chunk
+# <= block_m) reads its rows with plain loads, whatever the config's schedule asks of a
+# chunk: no next tile to read ahead or to overlap a copy with. Compiled for sm_90 (Triton
+# 3.6), bf16 T 1, the entries' descriptor loads held the row in shared memory: H 3072
+# 16,468 -> 16,384 bytes, 16 -> 5 barriers, 272 -> 216 SASS instructions (the rest is dw's
+# store, dw_halves); H 4096's prefetch issued the loads of a tile past the rows. The load
+# forms compile to the same arithmetic (compile_check --load-forms): no bit moves.
+
+
 @dataclass(frozen=True)
 class BackwardPlan:
     cfg: BwdConfig
@@ -244,8 +253,8 @@ class BackwardPlan:
     def loads(self) -> tuple[bool, int]:
         """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile),
         the stages no more than the row tiles a chunk holds, and at least 2 (CHUNK_STAGES)."""
-        if self.col_tiles != 1:
-            return False, 0
+        if self.col_tiles != 1 or (self.num_chunks == 1 and self.rows_per_chunk <= self.block_m):
+            return False, 0     # (one program of one row tile: ONE_TILE_PLAIN)
         prefetch, stages = self.cfg.schedule.loads(self.num_chunks == 1)
         return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.block_m)))
 
