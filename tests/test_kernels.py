@@ -10,6 +10,7 @@ import torch
 
 import trainnorm
 from trainnorm import configs, dispatch, plan, reference
+from trainnorm import rows as rows_mod
 from trainnorm.families import FAMILIES, make_case
 from trainnorm.plan import FWD_COL_UNROLL_MAX, DwForm
 from trainnorm.rows import row_views, simulate_sm_count
@@ -703,6 +704,34 @@ def test_one_chunk_of_few_rows_takes_fewer_rows_a_tile(device, hidden, block_m):
             assert_bits_equal(dx, dx_full[:n], f"dx of {n} rows against the {block_m}-row tile")
             # (one row forms its terms in float32, DwForm.ROW: the same bits, the test below)
             assert_bits_equal(dw, dw_full, f"dw of {n} rows against the {block_m}-row tile")
+
+
+@pytest.mark.parametrize("hidden,rows", [(1024, 2), (2048, 1), (2048, 3), (3072, 4), (4096, 1), (5120, 1)])
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
+def test_dw_stored_by_halves_is_the_plain_store(device, hidden, rows, wdtype):
+    # a one-chunk form over 16-bit rows read 16 bytes a thread stores dw as two runs of 4
+    # float32 a thread (plan.dw_halves): the same values as the plain store, where they land
+    # is what this checks (the plain store through the halves' switch turned off); a float32
+    # weight is read by halves likewise
+    case = make_case("outlier", (rows,), hidden, seed=rows, device=device, weight_dtype=wdtype)
+    nh, views = row_views(case.dy, case.x)
+    assert rows_mod.loads_16_bytes(hidden, nh, *views)
+    assert not rows_mod.loads_16_bytes(hidden + 8, nh, *views) and not rows_mod.loads_16_bytes(hidden, 2, *views)
+    p = bwd_plan(rows, hidden)
+    halves = p.dw_halves(True)
+    assert p.dw_halves(False) == 0
+    assert halves == sum(1 for n in (p.cfg.block_n, p.cfg.block_n2) if n and n >= 256 * p.cfg.num_warps) >= 1
+    _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
+    dx, dw = trainnorm.rms_norm_backward(case.dy, case.x, case.weight, rstd)
+    plain = plan.BackwardPlan.dw_halves
+    try:
+        plan.BackwardPlan.dw_halves = lambda self, loads: 0
+        dx_plain, dw_plain = trainnorm.rms_norm_backward(case.dy, case.x, case.weight, rstd)
+    finally:
+        plan.BackwardPlan.dw_halves = plain
+    assert_bits_equal(dx, dx_plain, "dx")
+    assert_bits_equal(dw, dw_plain, "dw by halves against the plain store")
+    check_backward(case.dy, case.x, case.weight, rstd, None, dx, dw)
 
 
 @pytest.mark.parametrize("hidden", [96, 1000, 4096, 5120])

@@ -27,7 +27,8 @@ except ImportError as _error:   # no Triton (it ships Linux wheels only): the CP
          "fwd_col_tiles_kernel", "fwd_one_tile_kernel"), _error)
     HAS_PDL = False
 from .plan import DwForm, backward_key_dtype, backward_plan, forward_plan
-from .rows import arch_of, descriptor_stages, device_guard, row_descriptor, row_views, runs_kernels, sm_count
+from .rows import (arch_of, descriptor_stages, device_guard, loads_16_bytes, row_descriptor, row_views, runs_kernels,
+                   sm_count)
 from .variant import DTYPES, Variant
 
 
@@ -231,8 +232,8 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
                                         **loads, **common)
         elif plan.col_tiles == 1:
             bwd_one_tile_kernel[grid](*tensors, dw if need_dw else None, partial, counter, desc_dy, desc_h, *sizes,
-                                      BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d, **loads,
-                                      **common)
+                                      BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d,
+                                      DW_HALVES=plan.dw_halves(loads_16_bytes(hidden, nh, *views)), **loads, **common)
         else:
             bwd_col_tiles_kernel[grid](*tensors, partial, *sizes, COL_TILES=plan.col_tiles, **common)
         if plan.dw is DwForm.PARTIAL:

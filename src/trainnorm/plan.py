@@ -227,8 +227,9 @@ def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | No
 # chunk: no next tile to read ahead or to overlap a copy with. Compiled for sm_90 (Triton
 # 3.6), bf16 T 1, the entries' descriptor loads held the row in shared memory: H 3072
 # 16,468 -> 16,384 bytes, 16 -> 5 barriers, 272 -> 216 SASS instructions (the rest is dw's
-# store, dw_halves); H 4096's prefetch issued the loads of a tile past the rows. The load
-# forms compile to the same arithmetic (compile_check --load-forms): no bit moves.
+# store, dw_halves: with it 64 bytes, 3 barriers, 200); H 4096's prefetch issued the loads
+# of a tile past the rows. The load forms compile to the same arithmetic (compile_check
+# --load-forms): no bit moves.
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,23 @@ class BackwardPlan:
             return False, 0     # (one program of one row tile: ONE_TILE_PLAIN)
         prefetch, stages = self.cfg.schedule.loads(self.num_chunks == 1)
         return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.block_m)))
+
+    def dw_halves(self, loads_16_bytes: bool) -> int:
+        """How many of the row's pieces a one-chunk form stores dw from as two runs of 4 float32
+        a thread (kernels/backward.py, _store_halves): those one row of which lays every thread
+        of the tile along its columns, 8 values a thread, where the rows are read 16 bytes a
+        thread (rows.loads_16_bytes). Elsewhere dw is stored as is. Timing only: the same
+        values stored. Where the pieces are stored by halves a float32 weight is read by
+        halves as well (_load_halves). Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192
+        with plain loads (ONE_TILE_PLAIN), a one-chunk backward stored dw through 4-16 KB of
+        shared memory and 5-11 barriers (10-18 with a float32 weight, read 4 a thread and
+        moved through shared memory as well), 16-64 bytes and 3 barriers by halves; where a
+        tile's warps split its rows (H 96, 512) halves added two barriers, where rows are read
+        fewer than 8 values a thread (H 1000, 3000) they doubled the shared memory."""
+        if self.dw not in (DwForm.DIRECT, DwForm.ROW) or not loads_16_bytes:
+            return 0
+        threads = 32 * self.cfg.num_warps
+        return sum(1 for n in (self.cfg.block_n, self.cfg.block_n2) if n and n >= 8 * threads)
 
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:

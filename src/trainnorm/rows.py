@@ -241,6 +241,17 @@ def descriptor_stages(stages: int, col_tiles: int, nh: int, *views, elt: int, bl
     return descriptor_depth(stages, [t.element_size() for t, _ in present], elt, block_n, hidden)
 
 
+def loads_16_bytes(hidden: int, nh: int, *views) -> bool:
+    """Whether Triton reads these rows 16 bytes a thread: one-level rows (row_views gives them
+    the base and stride Triton specializes as it does contiguous rows) of 16-bit streams,
+    and H a multiple of 16 values. views: (tensor, stride_t, stride_h) triples, None for
+    an absent tensor. Compiled for sm_90 (Triton 3.6) a one-row backward at H 1000 and 3000
+    took fewer values a thread."""
+    if hidden % 16 or nh != 1:
+        return False
+    return all(t is None or (t.element_size() == 2 and t.data_ptr() % 16 == 0) for t, _, _ in views)
+
+
 def row_descriptor(t: torch.Tensor, stride: int, rows: int, hidden: int, block_m: int, block_n: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
     return TensorDescriptor(t, [rows, hidden], [stride, 1], [block_m, block_n])
