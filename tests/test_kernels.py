@@ -734,6 +734,29 @@ def test_dw_stored_by_halves_is_the_plain_store(device, hidden, rows, wdtype):
     check_backward(case.dy, case.x, case.weight, rstd, None, dx, dw)
 
 
+@pytest.mark.parametrize("hidden,rows,residual", [(1024, 3, False), (2048, 1, True), (4096, 5, False),
+                                                   (6144, 2, False), (8192, 1, False)])
+def test_float32_weight_read_by_halves_is_the_plain_read(device, hidden, rows, residual):
+    # the forward over 16-bit rows read 16 bytes a thread reads a float32 weight as two runs
+    # of 4 a thread (plan.ForwardPlan.weight_halves): y, rstd and h the bits of the plain read
+    case = make_case("outlier", (rows,), hidden, seed=hidden, device=device, weight_dtype=torch.float32,
+                     residual=residual)
+    p = plan.forward_plan(hidden, case.x.dtype, torch.float32, Variant(), None, residual=residual)
+    assert p.weight_halves(True) == plan.halves_of(p.cfg.block_n, p.cfg.block_n2 if p.one_tile else 0,
+                                                   p.cfg.num_warps, True) >= 1
+    assert p.weight_halves(False) == 0
+    by_halves = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    plain = plan.ForwardPlan.weight_halves
+    try:
+        plan.ForwardPlan.weight_halves = lambda self, loads: 0
+        read_plainly = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+    finally:
+        plan.ForwardPlan.weight_halves = plain
+    for a, b, name in zip(by_halves, read_plainly, ("y", "rstd", "h")):
+        if a is not None:
+            assert_bits_equal(a, b, f"{name} with the weight read by halves against the plain read")
+
+
 @pytest.mark.parametrize("hidden", [96, 1000, 4096, 5120])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_row_dw_is_the_float64_terms_bits(device, hidden, dtype):

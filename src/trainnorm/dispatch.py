@@ -100,6 +100,9 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
+    w_halves = 0     # (a float32 weight by halves with plain loads: ForwardPlan.weight_halves)
+    if weight is not None and weight.element_size() == 4:
+        w_halves = plan.weight_halves(loads_16_bytes(hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)))
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device, forward=True))
     with device_guard(x):
@@ -130,12 +133,12 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             fwd_one_tile_kernel[(grid,)](
                 xv, rv, zv, weight, y, h_out, rstd, desc_x, desc_r, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, BLOCK_N2=cfg.block_n2, TMA_STAGES=stages or None,
-                WEIGHT="early" if stages else plan.weight, **common)
+                WEIGHT="early" if stages else plan.weight, W_HALVES=0 if stages else w_halves, **common)
         else:
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.holds(rows),
-                WEIGHT=plan.weight, **common)
+                WEIGHT=plan.weight, W_HALVES=w_halves, **common)
     return y, rstd, h
 
 

@@ -125,6 +125,18 @@ class ForwardPlan:
         says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
         return self.cfg.tile_rows(rows)
 
+    def weight_halves(self, loads_16_bytes: bool) -> int:
+        """How many of the row's pieces (the column tiles of a walked row count as one) read a
+        float32 weight by halves with plain loads (common.weight_tile; BackwardPlan.dw_halves
+        has the rule and its measurements). Timing only: the same values in the same
+        registers. Compiled for sm_90 (Triton 3.6), bf16 x and a float32 weight, T 1-64: the
+        forms read the weight 4 a thread and moved it through shared memory, 4-8 KB and 2-8
+        barriers more than with a bf16 weight; by halves H 1024-4096 and 8192 take the bf16
+        weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps: a
+        row split over warps) are left as they are: 4 KB, 17 barriers against 5."""
+        return halves_of(self.cfg.block_n, self.cfg.block_n2 if self.one_tile else 0, self.cfg.num_warps,
+                         loads_16_bytes)
+
 
 # With a residual, a row walked in unrolled column tiles may be held between its walks from
 # RESIDUAL_HOLD_MIN_ROWS rows on, at the entry's rows a tile: its second walk would read x and r
@@ -198,6 +210,15 @@ def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_
 _forward_plan_cached = lru_cache(maxsize=4096)(_forward_plan)
 
 
+def halves_of(block_n: int, block_n2: int, num_warps: int, loads_16_bytes: bool) -> int:
+    """The pieces (of block_n, then block_n2 columns) one row of which lays every thread of a
+    num_warps tile along its columns, 8 values a thread, where rows are read 16 bytes a thread:
+    those whose float32 values a form reads and writes as two runs of 4 a thread."""
+    if not loads_16_bytes:
+        return 0
+    return sum(1 for n in (block_n, block_n2) if n and n >= 8 * 32 * num_warps)
+
+
 def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | None, variant: Variant,
                  arch: str | None = None, residual: bool = False) -> ForwardPlan:
     args = (hidden, dtype.itemsize, weight_dtype.itemsize if weight_dtype else None, variant.gated,
@@ -261,20 +282,19 @@ class BackwardPlan:
 
     def dw_halves(self, loads_16_bytes: bool) -> int:
         """How many of the row's pieces a one-chunk form stores dw from as two runs of 4 float32
-        a thread (kernels/backward.py, _store_halves): those one row of which lays every thread
+        a thread (kernels/common.py, store_halves): those one row of which lays every thread
         of the tile along its columns, 8 values a thread, where the rows are read 16 bytes a
         thread (rows.loads_16_bytes). Elsewhere dw is stored as is. Timing only: the same
         values stored. Where the pieces are stored by halves a float32 weight is read by
-        halves as well (_load_halves). Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192
+        halves as well (load_halves). Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192
         with plain loads (ONE_TILE_PLAIN), a one-chunk backward stored dw through 4-16 KB of
         shared memory and 5-11 barriers (10-18 with a float32 weight, read 4 a thread and
         moved through shared memory as well), 16-64 bytes and 3 barriers by halves; where a
         tile's warps split its rows (H 96, 512) halves added two barriers, where rows are read
         fewer than 8 values a thread (H 1000, 3000) they doubled the shared memory."""
-        if self.dw not in (DwForm.DIRECT, DwForm.ROW) or not loads_16_bytes:
+        if self.dw not in (DwForm.DIRECT, DwForm.ROW):
             return 0
-        threads = 32 * self.cfg.num_warps
-        return sum(1 for n in (self.cfg.block_n, self.cfg.block_n2) if n and n >= 8 * threads)
+        return halves_of(self.cfg.block_n, self.cfg.block_n2, self.cfg.num_warps, loads_16_bytes)
 
 
 def chunking(cfg: BwdConfig, rows: int) -> tuple[int, int]:

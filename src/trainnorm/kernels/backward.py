@@ -45,8 +45,8 @@ The forms (plan.py picks one; its DwForm names how dw is delivered):
   4096 + 1024 holds no masked column where one tile would hold 8192): c is
   the sum of the two pieces' sums, and each piece keeps its own dw sum.
   The one-chunk forms store the first DW_HALVES pieces' dw (and read a
-  float32 weight) as two runs of 4 values a thread (_store_halves,
-  _load_halves), which keeps them in the registers of a tile holding 8 a
+  float32 weight) as two runs of 4 values a thread (common.store_halves,
+  load_halves), which keeps them in the registers of a tile holding 8 a
   thread: plan.BackwardPlan.dw_halves.
 - `bwd_col_tiles_kernel`: rows too wide for one tile, walked in COL_TILES
   column tiles twice (c, then dx); the chunk's partial is accumulated in
@@ -70,7 +70,7 @@ import triton
 import triton.language as tl
 
 from .common import (INTERPRETED, grid_dependency, load_weight, negated, round_to, row_dot, row_offsets,
-                     weight_values)
+                     store_halves, weight_tile, weight_values)
 from .gate import gate_activation, load_gate
 
 
@@ -262,14 +262,10 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
 def _load_weight(W, COL0: tl.constexpr, BLOCK_N: tl.constexpr, n_cols, W_OFFSET: tl.constexpr,
                  HALVES: tl.constexpr = False):
     """f32 w (+ W_OFFSET) of columns COL0 + [0, BLOCK_N) as [1, BLOCK_N] (zeros without a
-    weight, or for an absent piece, BLOCK_N 0: a Triton function returns no None). With
-    HALVES a float32 weight is read by _load_halves."""
+    weight, or for an absent piece, BLOCK_N 0: a Triton function returns no None); with
+    HALVES a float32 weight read by halves (common.weight_tile)."""
     if W is not None and BLOCK_N > 0:
-        if HALVES and W.dtype.element_ty.primitive_bitwidth == 32:
-            b_w = weight_values(_load_halves(W + COL0, n_cols - COL0, BLOCK_N), W_OFFSET)
-        else:
-            o_n = COL0 + tl.arange(0, BLOCK_N)
-            b_w = load_weight(W, o_n, o_n < n_cols, W_OFFSET)
+        b_w = weight_values(weight_tile(W, COL0, n_cols, BLOCK_N, HALVES), W_OFFSET)
     else:
         b_w = tl.zeros([1, 1], dtype=tl.float32)
     return b_w
@@ -301,44 +297,12 @@ def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw):
 
 
 @triton.jit
-def _halves(N: tl.constexpr):
-    """Offsets of N values held 8 a thread, as two [N // 8, 4] runs: values 0-3 and 4-7 of each 8."""
-    o0 = 8 * tl.arange(0, N // 8)[:, None] + tl.arange(0, 4)[None, :]
-    return o0, o0 + 4
-
-
-@triton.jit
-def _load_halves(P, n, N: tl.constexpr):
-    """N float32 values at P (n of them in bounds, zeros past them) read as two loads of 4
-    (16 bytes) a thread into the registers of a tile holding them 8 a thread along the row:
-    one load of 8 float32 a thread would be split into loads of 4 and moved into place
-    through shared memory (_store_halves)."""
-    o0, o1 = _halves(N)
-    v0 = tl.load(P + o0, mask=o0 < n, other=0.0)
-    v1 = tl.load(P + o1, mask=o1 < n, other=0.0)
-    return tl.reshape(tl.permute(tl.join(v0, v1), (0, 2, 1)), (N,))
-
-
-@triton.jit
-def _store_halves(P, v, n, N: tl.constexpr):
-    """Store v's N float32 values (n of them in bounds) at P, where a thread holds them 8 at a
-    time along the row (16-bit rows read 16 bytes a thread): as two stores of 4 (16 bytes) a
-    thread, from the registers the values are in. A plain store of 8 float32 a thread would
-    take them through shared memory (Triton stores at most 16 bytes a thread at once), with
-    a barrier before and after."""
-    v0, v1 = tl.split(tl.permute(tl.reshape(v, (N // 8, 2, 4)), (0, 2, 1)))
-    o0, o1 = _halves(N)
-    tl.store(P + o0, v0, mask=o0 < n)
-    tl.store(P + o1, v1, mask=o1 < n)
-
-
-@triton.jit
 def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, F32: tl.constexpr,
               HALVES: tl.constexpr = 0):
     """Store dw's sums of both pieces at DW (rounded to float32 with F32; the first HALVES
-    pieces by _store_halves)."""
+    pieces by common.store_halves)."""
     if F32 and HALVES >= 1:
-        _store_halves(DW, b_dw.to(tl.float32), n_cols, BLOCK_N)
+        store_halves(DW, b_dw.to(tl.float32), n_cols, BLOCK_N)
     elif F32:
         tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
     else:
@@ -346,7 +310,7 @@ def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2
     if BLOCK_N2 > 0:
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
         if F32 and HALVES >= 2:
-            _store_halves(DW + BLOCK_N, b_dwb.to(tl.float32), n_cols - BLOCK_N, BLOCK_N2)
+            store_halves(DW + BLOCK_N, b_dwb.to(tl.float32), n_cols - BLOCK_N, BLOCK_N2)
         elif F32:
             tl.store(DW + o_n2, b_dwb.to(tl.float32), mask=o_n2 < n_cols)
         else:

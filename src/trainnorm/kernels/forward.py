@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .common import (SCALE_DOWN, add_residual, grid_dependency, load_h, load_weight, round_to, row_offsets,
-                     rstd_from_sums, rstd_of_rows, weight_as_stored, weight_values)
+                     rstd_from_sums, rstd_of_rows, weight_tile, weight_values)
 from .gate import load_gate
 
 
@@ -92,14 +92,14 @@ def _with_gate(b_h, Z, o_z, mask, GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
 
 @triton.jit
 def _store_y(Y, W, b_w, b_h, b_rstd, b_a, o_out, o_c, m_c, mask, WEIGHT: tl.constexpr, CONVERTED: tl.constexpr,
-             GATE_AFTER: tl.constexpr, W_OFFSET: tl.constexpr):
-    """y of a tile (or a piece) of rows, stored; the weight is b_w (read before: float32 with
-    CONVERTED, else as stored) or read now ("late")."""
+             GATE_AFTER: tl.constexpr, W_OFFSET: tl.constexpr, C0: tl.constexpr, n_cols, W_HALVES: tl.constexpr):
+    """y of a tile (or a piece, from column C0) of rows, stored; the weight is b_w (read before:
+    float32 with CONVERTED, else as stored) or read now ("late", by halves with W_HALVES)."""
     if W is not None:
         if CONVERTED:
             b_wt = b_w
         elif WEIGHT == "late":
-            b_wt = load_weight(W, o_c, m_c, W_OFFSET)
+            b_wt = weight_values(weight_tile(W, C0, n_cols, o_c.shape[0], W_HALVES), W_OFFSET)
         else:
             b_wt = weight_values(b_w, W_OFFSET)
     else:
@@ -123,6 +123,7 @@ def fwd_one_tile_kernel(
     W_OFFSET: tl.constexpr,
     TMA_STAGES: tl.constexpr,
     WEIGHT: tl.constexpr,
+    W_HALVES: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     grid_dependency(PDL)
@@ -143,28 +144,31 @@ def fwd_one_tile_kernel(
         for tile in tl.range(pid, tl.cdiv(rows, BLOCK_M), tl.num_programs(0), num_stages=TMA_STAGES):
             _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, b_w, b_w, rows, n_cols, NH,
                       stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
-                      BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, True, "early")
+                      BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, True, "early", 0)
     else:
         # one program, one row tile, no loop: nothing loop-invariant for the compiler to
         # hoist, so a weight read "early" is issued ahead of the rows and converted after them
         r_w = tl.zeros([1, 1], dtype=tl.float32)
         r_w2 = r_w
         if W is not None and WEIGHT == "early":
-            r_w = weight_as_stored(W, o_n, m_n)
+            r_w = weight_tile(W, 0, n_cols, BLOCK_N, W_HALVES >= 1)
             if BLOCK_N2 > 0:
-                r_w2 = weight_as_stored(W, o_n2, m_n2)
+                r_w2 = weight_tile(W, BLOCK_N, n_cols, BLOCK_N2, W_HALVES >= 2)
         _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, pid, r_w, r_w2, rows, n_cols, NH,
                   stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
-                  BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, False, WEIGHT)
+                  BLOCK_M, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, False, WEIGHT, W_HALVES)
 
 
 @triton.jit
 def _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, r_w, r_w2, rows, n_cols, NH,
               stride_xt, stride_xh, stride_rt, stride_rh, stride_zt, stride_zh, eps, o_n, m_n, o_n2, m_n2,
               BLOCK_M: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr,
-              GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr, DESCRIPTORS: tl.constexpr, WEIGHT: tl.constexpr):
+              GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr, DESCRIPTORS: tl.constexpr, WEIGHT: tl.constexpr,
+              W_HALVES: tl.constexpr):
     """Row tile `tile` of the one-tile form: y, rstd (and h) of its BLOCK_M rows. The weight r_w (r_w2:
-    the second piece's) is float32 with DESCRIPTORS, else as stored where WEIGHT is "early"."""
+    the second piece's) is float32 with DESCRIPTORS, else as stored where WEIGHT is "early"; the
+    first W_HALVES pieces' weight is read by halves (common.weight_tile)."""
+    BLOCK_N: tl.constexpr = o_n.shape[0]
     m0 = tile * BLOCK_M
     o_m = m0 + tl.arange(0, BLOCK_M)
     m_m = o_m < rows
@@ -174,10 +178,10 @@ def _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, r_w, r_w2, rows,
     if W is not None and WEIGHT == "rows":
         # issued before the rows' loads and converted after them (_store_y): a
         # conversion right here would make the rows' loads wait for the weight
-        r_w = weight_as_stored(W, o_n, m_n)
+        r_w = weight_tile(W, 0, n_cols, BLOCK_N, W_HALVES >= 1)
         r_w2 = r_w
         if BLOCK_N2 > 0:
-            r_w2 = weight_as_stored(W, o_n2, m_n2)
+            r_w2 = weight_tile(W, BLOCK_N, n_cols, BLOCK_N2, W_HALVES >= 2)
     if DESCRIPTORS:
         # bulk tensor copies into shared memory, TMA_STAGES tiles in flight (the compiler's
         # software pipeline); rows and columns past the tensor read as zero
@@ -199,9 +203,11 @@ def _row_tile(X, R, Z, W, Y, H_OUT, RSTD, DESC_X, DESC_R, tile, r_w, r_w2, rows,
     else:
         b_rstd = rstd_of_rows(b_h, None, n_cols, eps)
     gate_after: tl.constexpr = GATE is not None and not GATE_FIRST
-    _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET)
+    _store_y(Y, W, r_w, b_h, b_rstd, b_a, o_out, o_n, m_n, mask, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET,
+             0, n_cols, W_HALVES >= 1)
     if BLOCK_N2 > 0:
-        _store_y(Y, W, r_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET)
+        _store_y(Y, W, r_w2, q_h, b_rstd, q_a, o_out, o_n2, m_n2, mask2, WEIGHT, DESCRIPTORS, gate_after, W_OFFSET,
+                 BLOCK_N, n_cols, W_HALVES >= 2)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
@@ -221,6 +227,7 @@ def fwd_col_tiles_kernel(
     W_OFFSET: tl.constexpr,
     HOLD: tl.constexpr,
     WEIGHT: tl.constexpr,
+    W_HALVES: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     grid_dependency(PDL)
@@ -236,7 +243,7 @@ def fwd_col_tiles_kernel(
     if W is not None and WEIGHT == "rows":
         # every weight tile's load issued before the rows', held as stored for the second walk
         for t in tl.static_range(COL_TILES):
-            weights = weights + (weight_as_stored(W + t * BLOCK_N, o_n, t * BLOCK_N + o_n < n_cols),)
+            weights = weights + (weight_tile(W, t * BLOCK_N, n_cols, BLOCK_N, W_HALVES >= 1),)
     if HOLD:
         # every tile of the row in registers, read once: the same additions in the same order
         held = ()
@@ -260,14 +267,15 @@ def fwd_col_tiles_kernel(
                 b_w = weights[t]
             else:
                 b_w = None
-            _store_tile(Y, W, Z, b_u, b_rstd, t * BLOCK_N + o_n, o_z, o_out, m_m, n_cols, b_w, GATE, GATE_FIRST,
-                        W_OFFSET)
+            _store_tile(Y, W, Z, b_u, b_rstd, t * BLOCK_N, o_n, o_z, o_out, m_m, n_cols, b_w, GATE, GATE_FIRST,
+                        W_OFFSET, W_HALVES >= 1)
     else:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
             # h is recomputed from x (+ r) rather than re-read from H_OUT: no
             # ordering between this program's own stores and loads is needed.
             b_u = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE, GATE_FIRST)
-            _store_tile(Y, W, Z, b_u, b_rstd, n0 + o_n, o_z, o_out, m_m, n_cols, None, GATE, GATE_FIRST, W_OFFSET)
+            _store_tile(Y, W, Z, b_u, b_rstd, n0, o_n, o_z, o_out, m_m, n_cols, None, GATE, GATE_FIRST, W_OFFSET,
+                        W_HALVES >= 1)
     tl.store(RSTD + o_m, b_rstd, mask=m_m)
 
 
@@ -295,10 +303,11 @@ def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, b_a
 
 
 @triton.jit
-def _store_tile(Y, W, Z, b_u, b_rstd, o_c, o_z, o_out, m_m, n_cols, r_w, GATE: tl.constexpr,
-                GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr):
-    """The second walk's step: y of the columns o_c from u (the first walk's), stored; the
-    weight r_w as stored (read before), or read now (r_w None)."""
+def _store_tile(Y, W, Z, b_u, b_rstd, c0, o_n, o_z, o_out, m_m, n_cols, r_w, GATE: tl.constexpr,
+                GATE_FIRST: tl.constexpr, W_OFFSET: tl.constexpr, W_HALVES: tl.constexpr):
+    """The second walk's step: y of the columns c0 + o_n from u (the first walk's), stored; the
+    weight r_w as stored (read before), or read now (r_w None; by halves with W_HALVES)."""
+    o_c = c0 + o_n
     m_n = o_c < n_cols
     mask = m_m[:, None] & m_n[None, :]
     b_a = b_u
@@ -307,7 +316,7 @@ def _store_tile(Y, W, Z, b_u, b_rstd, o_c, o_z, o_out, m_m, n_cols, r_w, GATE: t
     if W is None:
         b_w = None
     elif r_w is None:
-        b_w = load_weight(W, o_c, m_n, W_OFFSET)
+        b_w = weight_values(weight_tile(W, c0, n_cols, o_n.shape[0], W_HALVES), W_OFFSET)
     else:
         b_w = weight_values(r_w, W_OFFSET)
     b_y = _normalise(b_u, b_rstd, b_w, b_a, GATE is not None and not GATE_FIRST)
