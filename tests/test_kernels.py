@@ -245,8 +245,8 @@ def test_chunk_stages_no_deeper_than_its_tiles(device, use_configs, prefetch):
     for rows in (2, 6, 16, 24, 64, 300):
         p = bwd_plan(rows, hidden)
         got[rows] = (p.rows_per_chunk, p.loads())
-    # (one program of one row tile reads plain: plan.ONE_TILE_PLAIN)
-    assert got[2] == (2, (False, 0)) and got[6] == (2, (prefetch, 2)) and got[16] == (2, (prefetch, 2))
+    # (one program of one row tile reads without descriptors: plan.ONE_TILE_NO_DESCRIPTORS)
+    assert got[2] == (2, (prefetch, 0)) and got[6] == (2, (prefetch, 2)) and got[16] == (2, (prefetch, 2))
     assert got[24] == (4, (prefetch, 2)) and got[64] == (8, (prefetch, 4)) and got[300] == (38, (prefetch, 4))
     use_configs(backward=cfg.replace(min_rows_per_chunk=6))
     assert bwd_plan(24, hidden).loads() == (prefetch, 3)            # 4 chunks of 6 rows: 3 tiles
@@ -384,7 +384,7 @@ def test_tma_needs_aligned_rows(device, monkeypatch):
     # rows whose stride is not a multiple of 16 bytes cannot be described: such a view of
     # a 16-multiple width is copied once (rows.row_views: Triton would specialise it
     # otherwise than contiguous rows) and the copy is read through descriptors; same bits.
-    # 100 rows: more than one program of one tile, which reads plainly (plan.ONE_TILE_PLAIN)
+    # 100 rows: more than one program of one tile, which reads without descriptors (plan.ONE_TILE_NO_DESCRIPTORS)
     hidden = 96
     buf = torch.randn(100, hidden + 1, device=device).to(torch.bfloat16)
     x, dy = buf[:, 1:], torch.randn(100, hidden, device=device).to(torch.bfloat16)
@@ -407,7 +407,7 @@ def test_tma_needs_16_byte_block_rows(device, monkeypatch, hidden, gated):
     # a bulk copy's block row holds at least 16 bytes: narrower tiles (H 1-4 in bf16, whose
     # default config asks for descriptor loads) read plainly even where the rows are aligned,
     # here slices of a buffer 16 wide; the soak found H 2 and 4 raising from the descriptor.
-    # 200 rows: more than one program of one tile, which reads plainly (plan.ONE_TILE_PLAIN)
+    # 200 rows: more than one program of one tile, which reads without descriptors (plan.ONE_TILE_NO_DESCRIPTORS)
     buf = torch.randn(2, 200, 16, device=device).to(torch.bfloat16)
     x, dy = buf[0, :, :hidden], buf[1, :, :hidden]
     w = (1 + 0.1 * torch.randn(hidden, device=device)).to(torch.bfloat16)
@@ -706,31 +706,27 @@ def test_one_chunk_of_few_rows_takes_fewer_rows_a_tile(device, hidden, block_m):
             assert_bits_equal(dw, dw_full, f"dw of {n} rows against the {block_m}-row tile")
 
 
-@pytest.mark.parametrize("hidden,rows", [(1024, 2), (2048, 1), (2048, 3), (3072, 4), (4096, 1), (5120, 1)])
-@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
-def test_dw_stored_by_halves_is_the_plain_store(device, hidden, rows, wdtype):
-    # a one-chunk form over 16-bit rows read 16 bytes a thread stores dw as two runs of 4
-    # float32 a thread (plan.dw_halves): the same values as the plain store, where they land
-    # is what this checks (the plain store through the halves' switch turned off); a float32
-    # weight is read by halves likewise
-    case = make_case("outlier", (rows,), hidden, seed=rows, device=device, weight_dtype=wdtype)
+@pytest.mark.parametrize("hidden,rows", [(1024, 2), (2048, 1), (2048, 3), (3072, 4), (4096, 1), (6144, 1)])
+def test_backward_float32_weight_read_by_halves_is_the_plain_read(device, hidden, rows):
+    # a one-chunk form over 16-bit rows read 16 bytes a thread reads a float32 weight as two
+    # runs of 4 a thread (plan.BackwardPlan.weight_halves): dx and dw the plain read's bits
+    case = make_case("outlier", (rows,), hidden, seed=rows, device=device, weight_dtype=torch.float32)
     nh, views = row_views(case.dy, case.x)
     assert rows_mod.loads_16_bytes(hidden, nh, *views)
     assert not rows_mod.loads_16_bytes(hidden + 8, nh, *views) and not rows_mod.loads_16_bytes(hidden, 2, *views)
     p = bwd_plan(rows, hidden)
-    halves = p.dw_halves(True)
-    assert p.dw_halves(False) == 0
-    assert halves == sum(1 for n in (p.cfg.block_n, p.cfg.block_n2) if n and n >= 256 * p.cfg.num_warps) >= 1
+    assert p.weight_halves(False) == 0
+    assert p.weight_halves(True) == plan.halves_of(p.cfg.block_n, p.cfg.block_n2, p.cfg.num_warps, True) >= 1
     _, rstd, _ = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
     dx, dw = trainnorm.rms_norm_backward(case.dy, case.x, case.weight, rstd)
-    plain = plan.BackwardPlan.dw_halves
+    plain = plan.BackwardPlan.weight_halves
     try:
-        plan.BackwardPlan.dw_halves = lambda self, loads: 0
+        plan.BackwardPlan.weight_halves = lambda self, loads: 0
         dx_plain, dw_plain = trainnorm.rms_norm_backward(case.dy, case.x, case.weight, rstd)
     finally:
-        plan.BackwardPlan.dw_halves = plain
-    assert_bits_equal(dx, dx_plain, "dx")
-    assert_bits_equal(dw, dw_plain, "dw by halves against the plain store")
+        plan.BackwardPlan.weight_halves = plain
+    assert_bits_equal(dx, dx_plain, "dx with the weight read by halves against the plain read")
+    assert_bits_equal(dw, dw_plain, "dw with the weight read by halves against the plain read")
     check_backward(case.dy, case.x, case.weight, rstd, None, dx, dw)
 
 

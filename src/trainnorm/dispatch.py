@@ -218,6 +218,9 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             grid = (min(max(plan.num_chunks, n_slices), most),)
             row_programs, slice_start = grid[0], 0
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
+    w_halves = 0     # (a float32 weight by halves: BackwardPlan.weight_halves)
+    if weight is not None and weight.element_size() == 4:
+        w_halves = plan.weight_halves(loads_16_bytes(hidden, nh, *views))
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     pdl = launch_options(h.device)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
@@ -236,7 +239,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
         elif plan.col_tiles == 1:
             bwd_one_tile_kernel[grid](*tensors, dw if need_dw else None, partial, counter, desc_dy, desc_h, *sizes,
                                       BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d,
-                                      DW_HALVES=plan.dw_halves(loads_16_bytes(hidden, nh, *views)), **loads, **common)
+                                      W_HALVES=w_halves, **loads, **common)
         else:
             bwd_col_tiles_kernel[grid](*tensors, partial, *sizes, COL_TILES=plan.col_tiles, **common)
         if plan.dw is DwForm.PARTIAL:

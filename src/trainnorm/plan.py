@@ -127,9 +127,13 @@ class ForwardPlan:
 
     def weight_halves(self, loads_16_bytes: bool) -> int:
         """How many of the row's pieces (the column tiles of a walked row count as one) read a
-        float32 weight by halves with plain loads (common.weight_tile; BackwardPlan.dw_halves
-        has the rule and its measurements). Timing only: the same values in the same
-        registers. Compiled for sm_90 (Triton 3.6), bf16 x and a float32 weight, T 1-64: the
+        float32 weight by halves with plain loads (common.weight_tile; the rule is halves_of's).
+        Timing only: the same values in the same registers. H100, xp probe of two runs, us,
+        bf16 x, read 4 a thread -> by halves: H 2048 T 1 4.83 / 4.93 -> 4.67 / 4.69, H 4096 T 1
+        5.15 / 5.22 -> 4.99 / 5.01, H 8192 T 1 5.50 / 5.46 -> 5.20 / 5.22, H 6144 T 1 5.34 / 5.30
+        -> 5.17 / 5.12, H 4096 T 64 5.54 / 5.46 -> 5.41 / 5.28, H 2048 T 1024 8.42 / 8.45 -> 7.87
+        / 7.90, H 4096 T 4096 28.91 / 29.23 -> 28.21 / 28.58, H 2048 T 16384 51.20 / 51.38 ->
+        50.53 / 50.75, H 4096 T 16384 95.46 / 95.23 -> 94.78 / 94.66 (H 3072 T 64 the same). Compiled for sm_90 (Triton 3.6), bf16 x and a float32 weight, T 1-64: the
         forms read the weight 4 a thread and moved it through shared memory, 4-8 KB and 2-8
         barriers more than with a bf16 weight; by halves H 1024-4096 and 8192 take the bf16
         weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps: a
@@ -243,14 +247,16 @@ def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | No
 # 1.10x with a float32 weight, where the 4 stages had run 0.81-0.87x.
 
 
-# ONE_TILE_PLAIN: a launch of one row tile (T 1-4 at most entries: one chunk of rows_per_chunk
-# <= block_m) reads its rows with plain loads, whatever the config's schedule asks of a
-# chunk: no next tile to read ahead or to overlap a copy with. Compiled for sm_90 (Triton
-# 3.6), bf16 T 1, the entries' descriptor loads held the row in shared memory: H 3072
-# 16,468 -> 16,384 bytes, 16 -> 5 barriers, 272 -> 216 SASS instructions (the rest is dw's
-# store, dw_halves: with it 64 bytes, 3 barriers, 200); H 4096's prefetch issued the loads
-# of a tile past the rows. The load forms compile to the same arithmetic (compile_check
-# --load-forms): no bit moves.
+# ONE_TILE_NO_DESCRIPTORS: a launch of one row tile (T 1-4 at most entries: one chunk of
+# rows_per_chunk <= block_m) reads its rows without tensor descriptors, whatever the
+# config's schedule asks of a chunk: there is no next tile to overlap a copy with. A
+# prefetching entry keeps its prefetch. H100, xp probe of two runs (trainnorm.dev.tune's
+# time_fns, interleaved in one process), us, the descriptor loads of the untuned widths'
+# default (4 stages) -> plain: H 1024 T 1 4.90 / 4.83 -> 4.67 / 4.54, H 3072 T 1 5.62 / 5.82
+# -> 5.12 / 5.47, H 8192 T 1 6.98 / 6.78 -> 6.62 / 6.43; the prefetching entries' loads
+# made plain were slower (H 2048 T 2 5.39 / 5.18 -> 5.76 / 5.47, H 4096 T 2 6.43 / 6.40 ->
+# 6.72 / 6.62). The load forms compile to the same arithmetic (compile_check --load-forms):
+# no bit moves.
 
 
 @dataclass(frozen=True)
@@ -275,23 +281,24 @@ class BackwardPlan:
     def loads(self) -> tuple[bool, int]:
         """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile),
         the stages no more than the row tiles a chunk holds, and at least 2 (CHUNK_STAGES)."""
-        if self.col_tiles != 1 or (self.num_chunks == 1 and self.rows_per_chunk <= self.block_m):
-            return False, 0     # (one program of one row tile: ONE_TILE_PLAIN)
+        if self.col_tiles != 1:
+            return False, 0
         prefetch, stages = self.cfg.schedule.loads(self.num_chunks == 1)
+        if self.num_chunks == 1 and self.rows_per_chunk <= self.block_m:
+            return prefetch, 0      # (one program of one row tile: ONE_TILE_NO_DESCRIPTORS)
         return prefetch, min(stages, max(2, cdiv(self.rows_per_chunk, self.block_m)))
 
-    def dw_halves(self, loads_16_bytes: bool) -> int:
-        """How many of the row's pieces a one-chunk form stores dw from as two runs of 4 float32
-        a thread (kernels/common.py, store_halves): those one row of which lays every thread
-        of the tile along its columns, 8 values a thread, where the rows are read 16 bytes a
-        thread (rows.loads_16_bytes). Elsewhere dw is stored as is. Timing only: the same
-        values stored. Where the pieces are stored by halves a float32 weight is read by
-        halves as well (load_halves). Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192
-        with plain loads (ONE_TILE_PLAIN), a one-chunk backward stored dw through 4-16 KB of
-        shared memory and 5-11 barriers (10-18 with a float32 weight, read 4 a thread and
-        moved through shared memory as well), 16-64 bytes and 3 barriers by halves; where a
-        tile's warps split its rows (H 96, 512) halves added two barriers, where rows are read
-        fewer than 8 values a thread (H 1000, 3000) they doubled the shared memory."""
+    def weight_halves(self, loads_16_bytes: bool) -> int:
+        """How many of the row's pieces a one-chunk form reads a float32 weight of by halves
+        (common.weight_tile; the rule is halves_of's). Timing only: the same values in the
+        same registers. Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192, the weight
+        read 4 a thread was moved through shared memory (4-6 more barriers than a bf16
+        weight). H100, xp probe of two runs, us, bf16 x T 1, read 4 a thread -> by halves
+        (with dw stored by halves too, below): H 2048 5.34 / 5.34 -> 4.96 / 4.90, H 4096
+        5.81 / 5.82 -> 5.47 / 5.38, H 6144 6.29 / 6.56 -> 6.32 / 6.37. dw itself, float32
+        from the same registers, is stored plainly (through shared memory): stored by halves
+        it was slower with a bf16 weight in both runs (H 2048 T 1 4.64 / 4.66 -> 4.86 / 4.93,
+        H 4096 5.15 / 5.12 -> 5.36 / 5.41, H 8192 5.97 / 6.08 -> 6.43 / 6.62)."""
         if self.dw not in (DwForm.DIRECT, DwForm.ROW):
             return 0
         return halves_of(self.cfg.block_n, self.cfg.block_n2, self.cfg.num_warps, loads_16_bytes)

@@ -44,10 +44,9 @@ The forms (plan.py picks one; its DwForm names how dw is delivered):
   held as two pieces, BLOCK_N columns and then BLOCK_N2 (plain loads; 5120 =
   4096 + 1024 holds no masked column where one tile would hold 8192): c is
   the sum of the two pieces' sums, and each piece keeps its own dw sum.
-  The one-chunk forms store the first DW_HALVES pieces' dw (and read a
-  float32 weight) as two runs of 4 values a thread (common.store_halves,
-  load_halves), which keeps them in the registers of a tile holding 8 a
-  thread: plan.BackwardPlan.dw_halves.
+  The one-chunk forms read the first W_HALVES pieces of a float32 weight as
+  two runs of 4 values a thread (common.weight_tile), into the registers of
+  a tile holding 8 a thread: plan.BackwardPlan.weight_halves.
 - `bwd_col_tiles_kernel`: rows too wide for one tile, walked in COL_TILES
   column tiles twice (c, then dx); the chunk's partial is accumulated in
   place in PARTIAL. DW_FORM "none" or "partial".
@@ -70,7 +69,7 @@ import triton
 import triton.language as tl
 
 from .common import (INTERPRETED, grid_dependency, load_weight, negated, round_to, row_dot, row_offsets,
-                     store_halves, weight_tile, weight_values)
+                     weight_tile, weight_values)
 from .gate import gate_activation, load_gate
 
 
@@ -297,21 +296,15 @@ def _add_and_finish(DW, ACC, COUNTER, o_n, m_n, b_dw):
 
 
 @triton.jit
-def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, F32: tl.constexpr,
-              HALVES: tl.constexpr = 0):
-    """Store dw's sums of both pieces at DW (rounded to float32 with F32; the first HALVES
-    pieces by common.store_halves)."""
-    if F32 and HALVES >= 1:
-        store_halves(DW, b_dw.to(tl.float32), n_cols, BLOCK_N)
-    elif F32:
+def _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, F32: tl.constexpr):
+    """Store dw's sums of both pieces at DW (rounded to float32 with F32)."""
+    if F32:
         tl.store(DW + o_n, b_dw.to(tl.float32), mask=m_n)
     else:
         tl.store(DW + o_n, b_dw, mask=m_n)
     if BLOCK_N2 > 0:
         o_n2 = BLOCK_N + tl.arange(0, BLOCK_N2)
-        if F32 and HALVES >= 2:
-            store_halves(DW + BLOCK_N, b_dwb.to(tl.float32), n_cols - BLOCK_N, BLOCK_N2)
-        elif F32:
+        if F32:
             tl.store(DW + o_n2, b_dwb.to(tl.float32), mask=o_n2 < n_cols)
         else:
             tl.store(DW + o_n2, b_dwb, mask=o_n2 < n_cols)
@@ -334,15 +327,15 @@ def bwd_one_tile_kernel(
     LOADS: tl.constexpr,
     STAGES: tl.constexpr,
     DW_2D: tl.constexpr,
-    DW_HALVES: tl.constexpr = 0,
+    W_HALVES: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     grid_dependency(PDL)
     pid = tl.program_id(0)
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < n_cols
-    b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET, DW_HALVES >= 1)
-    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET, DW_HALVES >= 2)
+    b_w = _load_weight(W, 0, BLOCK_N, n_cols, W_OFFSET, W_HALVES >= 1)
+    b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET, W_HALVES >= 2)
     # one row ("row"): with 16-bit h and dy and no gate its dw terms are formed in float32
     # (_dw_terms), the same bits as float64 terms rounded once. sm_90 converts 16 values
     # between float32 and float64 a clock an SM: at T 1 one program did 2 x 8192 of them
@@ -379,7 +372,7 @@ def bwd_one_tile_kernel(
             b_dw = tl.zeros([BLOCK_N], dtype=tl.float64)
             b_dwb = tl.zeros_like(b_dwb)
         elif DW_FORM == "direct" or DW_FORM == "row":
-            _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, True, DW_HALVES)
+            _store_dw(DW, b_dw, b_dwb, o_n, m_n, n_cols, BLOCK_N, BLOCK_N2, True)
     if DW_FORM == "atomic":
         # (plan.py takes no two-piece tile here)
         if DW_2D:

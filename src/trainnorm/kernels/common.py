@@ -117,39 +117,21 @@ def weight_as_stored(W, o_c, m_c):
 
 
 @triton.jit
-def halves_offsets(N: tl.constexpr):
-    """Offsets of N values held 8 a thread, as two [N // 8, 4] runs: values 0-3 and 4-7 of each 8."""
-    o0 = 8 * tl.arange(0, N // 8)[:, None] + tl.arange(0, 4)[None, :]
-    return o0, o0 + 4
-
-
-@triton.jit
 def load_halves(P, n, N: tl.constexpr):
     """N 32-bit values at P (n of them in bounds, zeros past them) read as two loads of 4
     (16 bytes) a thread into the registers of a tile of 16-bit rows, which holds 8 a thread
     along the row: one load would take 4 a thread (Triton's widest access is 16 bytes) and
     move them into place through shared memory, between barriers."""
-    o0, o1 = halves_offsets(N)
+    o0 = 8 * tl.arange(0, N // 8)[:, None] + tl.arange(0, 4)[None, :]      # values 0-3 of each 8
     v0 = tl.load(P + o0, mask=o0 < n, other=0.0)
-    v1 = tl.load(P + o1, mask=o1 < n, other=0.0)
+    v1 = tl.load(P + o0 + 4, mask=o0 + 4 < n, other=0.0)                  # and 4-7
     return tl.reshape(tl.permute(tl.join(v0, v1), (0, 2, 1)), (N,))
-
-
-@triton.jit
-def store_halves(P, v, n, N: tl.constexpr):
-    """Store v's N 32-bit values (n of them in bounds) at P from a tile of 16-bit rows (8 a
-    thread along the row) as two stores of 4 a thread, from the registers they are in
-    (load_halves)."""
-    v0, v1 = tl.split(tl.permute(tl.reshape(v, (N // 8, 2, 4)), (0, 2, 1)))
-    o0, o1 = halves_offsets(N)
-    tl.store(P + o0, v0, mask=o0 < n)
-    tl.store(P + o1, v1, mask=o1 < n)
 
 
 @triton.jit
 def weight_tile(W, c0, n_cols, N: tl.constexpr, HALVES: tl.constexpr):
     """The weight of columns c0 + [0, N) as stored (weight_as_stored); with HALVES a float32
-    weight is read by load_halves (plan.py's weight_halves and dw_halves say where)."""
+    weight is read by load_halves (plan.py's weight_halves say where)."""
     if HALVES and W.dtype.element_ty.primitive_bitwidth == 32:
         r_w = load_halves(W + c0, n_cols - c0, N)
     else:
