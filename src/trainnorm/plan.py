@@ -128,16 +128,17 @@ class ForwardPlan:
     def weight_halves(self, loads_16_bytes: bool) -> int:
         """How many of the row's pieces (the column tiles of a walked row count as one) read a
         float32 weight by halves with plain loads (common.weight_tile; the rule is halves_of's).
-        Timing only: the same values in the same registers. H100, xp probe of two runs, us,
-        bf16 x, read 4 a thread -> by halves: H 2048 T 1 4.83 / 4.93 -> 4.67 / 4.69, H 4096 T 1
-        5.15 / 5.22 -> 4.99 / 5.01, H 8192 T 1 5.50 / 5.46 -> 5.20 / 5.22, H 6144 T 1 5.34 / 5.30
-        -> 5.17 / 5.12, H 4096 T 64 5.54 / 5.46 -> 5.41 / 5.28, H 2048 T 1024 8.42 / 8.45 -> 7.87
-        / 7.90, H 4096 T 4096 28.91 / 29.23 -> 28.21 / 28.58, H 2048 T 16384 51.20 / 51.38 ->
-        50.53 / 50.75, H 4096 T 16384 95.46 / 95.23 -> 94.78 / 94.66 (H 3072 T 64 the same). Compiled for sm_90 (Triton 3.6), bf16 x and a float32 weight, T 1-64: the
-        forms read the weight 4 a thread and moved it through shared memory, 4-8 KB and 2-8
-        barriers more than with a bf16 weight; by halves H 1024-4096 and 8192 take the bf16
-        weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps: a
-        row split over warps) are left as they are: 4 KB, 17 barriers against 5."""
+        Timing only: the same values in the same registers. H100, three probe runs
+        (ONE_TILE_NO_DESCRIPTORS), us, bf16 x, read 4 a thread -> by halves: H 2048 T 1 4.83 /
+        4.93 / 5.25 -> 4.67 / 4.69 / 4.96, H 4096 T 1 5.15 / 5.22 / 5.25 -> 4.99 / 5.01 / 5.15,
+        H 8192 T 1 5.50 / 5.46 / 5.63 -> 5.20 / 5.22 / 5.39, H 6144 T 1 5.34 / 5.30 / 5.31 ->
+        5.17 / 5.12 / 5.09, H 2048 T 1024 8.42 / 8.45 / 8.54 -> 7.87 / 7.90 / 8.03, H 4096 T
+        4096 28.91 / 29.23 / 29.20 -> 28.21 / 28.58 / 28.46, H 4096 T 16384 95.46 / 95.23 /
+        95.30 -> 94.78 / 94.66 / 94.78 (H 3072 T 64 within the spread). Compiled for sm_90
+        (Triton 3.6), T 1-64: read 4 a thread the weight went through shared memory, 4-8 KB
+        and 2-8 barriers more than a bf16 weight; by halves H 1024-4096 and 8192 take the
+        bf16 weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps:
+        a row split over warps) are left as they are: 4 KB, 17 barriers against 5."""
         return halves_of(self.cfg.block_n, self.cfg.block_n2 if self.one_tile else 0, self.cfg.num_warps,
                          loads_16_bytes)
 
@@ -250,13 +251,15 @@ def forward_plan(hidden: int, dtype: torch.dtype, weight_dtype: torch.dtype | No
 # ONE_TILE_NO_DESCRIPTORS: a launch of one row tile (T 1-4 at most entries: one chunk of
 # rows_per_chunk <= block_m) reads its rows without tensor descriptors, whatever the
 # config's schedule asks of a chunk: there is no next tile to overlap a copy with. A
-# prefetching entry keeps its prefetch. H100, xp probe of two runs (trainnorm.dev.tune's
-# time_fns, interleaved in one process), us, the descriptor loads of the untuned widths'
-# default (4 stages) -> plain: H 1024 T 1 4.90 / 4.83 -> 4.67 / 4.54, H 3072 T 1 5.62 / 5.82
-# -> 5.12 / 5.47, H 8192 T 1 6.98 / 6.78 -> 6.62 / 6.43; the prefetching entries' loads
-# made plain were slower (H 2048 T 2 5.39 / 5.18 -> 5.76 / 5.47, H 4096 T 2 6.43 / 6.40 ->
-# 6.72 / 6.62). The load forms compile to the same arithmetic (compile_check --load-forms):
-# no bit moves.
+# prefetching entry keeps its prefetch. H100, three runs of one probe (every variant
+# interleaved in one process, as `trainnorm bench` times; docs/benchmarks/tune/
+# h100-one-tile-probe.md, where launches that are the same read up to 0.22 us apart), us,
+# the untuned widths' descriptor loads (4 stages) -> none: H 1024 T 1 4.83 / 4.90 / 4.98 ->
+# 4.54 / 4.67 / 4.74, H 3072 T 1 5.82 / 5.62 / 5.63 -> 5.47 / 5.12 / 4.99, H 8192 T 1 6.78 /
+# 6.98 / 6.54 -> 6.43 / 6.62 / 6.11. The prefetching entries' loads made plain were slower
+# in both runs that tried it (H 2048 T 2 5.18 / 5.39 against 5.47 / 5.76, H 4096 T 2 6.40 /
+# 6.43 against 6.62 / 6.72). The load forms compile to the same arithmetic (compile_check
+# --load-forms): no bit moves.
 
 
 @dataclass(frozen=True)
@@ -293,12 +296,13 @@ class BackwardPlan:
         (common.weight_tile; the rule is halves_of's). Timing only: the same values in the
         same registers. Compiled for sm_90 (Triton 3.6), bf16 T 1-2, H 768-8192, the weight
         read 4 a thread was moved through shared memory (4-6 more barriers than a bf16
-        weight). H100, xp probe of two runs, us, bf16 x T 1, read 4 a thread -> by halves
-        (with dw stored by halves too, below): H 2048 5.34 / 5.34 -> 4.96 / 4.90, H 4096
-        5.81 / 5.82 -> 5.47 / 5.38, H 6144 6.29 / 6.56 -> 6.32 / 6.37. dw itself, float32
-        from the same registers, is stored plainly (through shared memory): stored by halves
-        it was slower with a bf16 weight in both runs (H 2048 T 1 4.64 / 4.66 -> 4.86 / 4.93,
-        H 4096 5.15 / 5.12 -> 5.36 / 5.41, H 8192 5.97 / 6.08 -> 6.43 / 6.62)."""
+        weight). H100, three probe runs (ONE_TILE_NO_DESCRIPTORS), us, bf16 x T 1, read 4 a
+        thread -> by halves: H 2048 5.34 / 5.34 / 5.31 -> 4.96 / 4.90 / 4.83, H 4096 5.81 /
+        5.82 / 5.95 -> 5.47 / 5.38 / 5.12, H 6144 6.29 / 6.56 / 6.43 -> 6.32 / 6.37 / 5.89.
+        dw itself, float32 in the same registers, is stored plainly (through shared memory):
+        stored by halves it was no faster in the two runs that tried it (bf16 weight, T 1,
+        plain -> halves: H 2048 4.64 / 4.66 -> 4.86 / 4.93, H 4096 5.15 / 5.12 -> 5.36 / 5.41,
+        H 8192 5.97 / 6.08 -> 6.43 / 6.62)."""
         if self.dw not in (DwForm.DIRECT, DwForm.ROW):
             return 0
         return halves_of(self.cfg.block_n, self.cfg.block_n2, self.cfg.num_warps, loads_16_bytes)
@@ -321,10 +325,14 @@ def one_chunk_block_m(cfg: BwdConfig, rows: int) -> int:
     next_pow2(rows) where fewer rows leave a tile's split of a row over values, lanes and
     warps as it is. Triton lays a [rows, block_n] tile's threads along the columns first, 16
     bytes a thread (8 values of 16 bits, the narrowest stream), so a tile of at least
-    num_warps x 256 / block_n rows (block_n2 where the row's second piece is narrower) keeps the split: the same sums of a row in the same order,
-    dx's bits (trainnorm.dev.compile_check --load-forms compares the planned forms' row sums);
-    dw's sums lose only masked rows, whose terms are +0. Fewer rows a tile at T 1-4 cut the
-    instructions of the one launch (sm_90, Triton 3.6: H 4096 T 1 424 -> 336, H 2048 280 -> 216)."""
+    num_warps x 256 / block_n rows (block_n2 where the row's second piece is narrower) keeps
+    the split: the same sums of a row in the same order, dx's bits (trainnorm.dev.compile_check
+    --load-forms compares the planned forms' row sums); dw's sums lose only masked rows, whose
+    terms are +0. Fewer rows a tile at T 1-4 cut the instructions of the one launch (sm_90,
+    Triton 3.6: H 4096 T 1 424 -> 336, H 2048 280 -> 216). H100, three probe runs
+    (ONE_TILE_NO_DESCRIPTORS), us, the entry's tile -> fewer rows: H 2048 T 2 5.79 / 6.10 /
+    5.98 -> 5.47 / 5.76 / 5.50, H 2048 T 1 float32 weight 5.06 / 5.09 / 5.06 -> 4.96 / 4.90 /
+    4.83; H 1024-4096 T 1 and H 4096 T 2 within the probe's spread."""
     tile = cfg.tile
     keep = max(1, tile.num_warps * 256 // min(tile.block_n, tile.block_n2 or tile.block_n))
     return min(tile.block_m, max(configs.next_pow2(rows), keep))
