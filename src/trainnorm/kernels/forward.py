@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .common import (SCALE_DOWN, add_residual, grid_dependency, load_h, load_weight, round_to, row_offsets,
-                     rstd_from_sums, rstd_of_rows, weight_tile, weight_values)
+                     rstd_of_rows, rstd_of_sums, weight_tile, weight_values)
 from .gate import load_gate
 
 
@@ -255,7 +255,7 @@ def fwd_col_tiles_kernel(
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
             _, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols,
                                                b_acc, b_acc_scaled, GATE, GATE_FIRST)
-    b_rstd = rstd_from_sums(tl.sum(b_acc, axis=1), tl.sum(b_acc_scaled, axis=1), n_cols, eps)
+    b_rstd = rstd_of_sums(b_acc, b_acc_scaled, n_cols, eps)
     if HOLD or WEIGHT == "rows":
         for t in tl.static_range(COL_TILES):
             if HOLD:
