@@ -181,21 +181,6 @@ def rstd_from_sums(b_ss, b_ss_scaled, n_cols, eps):
 
 
 @triton.jit
-def rstd_of_sums(b_acc, b_acc_scaled, n_cols, eps):
-    """rstd of each row of a walk's [rows, columns] accumulators of the squares and of the
-    scaled squares: the plain sums reduced over the tile's threads, the scaled ones only
-    where some row of the tile overflowed, so a tile of ordinary rows reduces once (the same
-    bits as rstd_from_sums, which takes both: its plain branch is rstd_from_sumsq). Compiled
-    for sm_90 (Triton 3.9), H 5120's walked forward at T 1 then ran one chain of shuffles and
-    shared-memory steps to its rstd where it ran two."""
-    b_ss = tl.sum(b_acc, axis=1)
-    b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
-    if tl.max(b_ss, axis=0) == float("inf"):
-        b_rstd = rstd_from_sums(b_ss, tl.sum(b_acc_scaled, axis=1), n_cols, eps)
-    return b_rstd
-
-
-@triton.jit
 def row_dot(b_a, b_b):
     """sum_j a_j * b_j of each row of a [rows, columns] tile, in float32.
 

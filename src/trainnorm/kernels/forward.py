@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from .common import (SCALE_DOWN, add_residual, grid_dependency, load_h, load_weight, round_to, row_offsets,
-                     rstd_of_rows, rstd_of_sums, weight_tile, weight_values)
+                     rstd_from_sums, rstd_from_sumsq, rstd_of_rows, weight_tile, weight_values)
 from .gate import load_gate
 
 
@@ -238,7 +238,6 @@ def fwd_col_tiles_kernel(
     o_x, o_r, o_z, o_out = _row_addresses(o_m, NH, stride_xt, stride_xh, stride_rt, stride_rh,
                                           stride_zt, stride_zh, n_cols, TWO_LEVEL)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b_acc_scaled = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     weights = ()
     if W is not None and WEIGHT == "rows":
         # every weight tile's load issued before the rows', held as stored for the second walk
@@ -248,14 +247,24 @@ def fwd_col_tiles_kernel(
         # every tile of the row in registers, read once: the same additions in the same order
         held = ()
         for t in tl.static_range(COL_TILES):
-            b_h, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, t * BLOCK_N + o_n, o_x, o_r, o_z, o_out, m_m,
-                                                 n_cols, b_acc, b_acc_scaled, GATE, GATE_FIRST)
+            b_h, b_acc = _sum_tile(X, R, Z, H_OUT, t * BLOCK_N + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc,
+                                   GATE, GATE_FIRST)
             held = held + (b_h,)
     else:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
-            _, b_acc, b_acc_scaled = _sum_tile(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols,
-                                               b_acc, b_acc_scaled, GATE, GATE_FIRST)
-    b_rstd = rstd_of_sums(b_acc, b_acc_scaled, n_cols, eps)
+            _, b_acc = _sum_tile(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, GATE,
+                                 GATE_FIRST)
+    b_ss = tl.sum(b_acc, axis=1)
+    b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
+    if tl.max(b_ss, axis=0) == float("inf"):
+        # some row's float32 sum of squares overflowed: its scaled squares, walked again (the
+        # plain rows keep rstd_from_sumsq's bits, rstd_from_sums' plain branch)
+        b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+            b_s = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE,
+                          GATE_FIRST) * SCALE_DOWN
+            b_acc += b_s * b_s
+        b_rstd = rstd_from_sums(b_ss, tl.sum(b_acc, axis=1), n_cols, eps)
     if HOLD or WEIGHT == "rows":
         for t in tl.static_range(COL_TILES):
             if HOLD:
@@ -292,14 +301,12 @@ def _load_u(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, STORE_H: tl.
 
 
 @triton.jit
-def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, b_acc_scaled,
-              GATE: tl.constexpr, GATE_FIRST: tl.constexpr):
+def _sum_tile(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, b_acc, GATE: tl.constexpr,
+              GATE_FIRST: tl.constexpr):
     """The first walk's step over the columns o_c: (u, the sums of squares with u's added); h stored."""
     b_h = _load_u(X, R, Z, H_OUT, o_c, o_x, o_r, o_z, o_out, m_m, n_cols, True, GATE, GATE_FIRST)
     b_acc += b_h * b_h
-    b_s = b_h * SCALE_DOWN
-    b_acc_scaled += b_s * b_s
-    return b_h, b_acc, b_acc_scaled
+    return b_h, b_acc
 
 
 @triton.jit
