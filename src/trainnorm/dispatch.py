@@ -73,6 +73,16 @@ def pdl_options(arch: str | None, forward: bool = False) -> dict:
     return dict(PDL=True, launch_pdl=True)
 
 
+def _weight_halves(plan, weight, hidden: int, nh: int, *views) -> int:
+    """How many of the row's pieces read a float32 weight by halves (the plan's
+    weight_halves, where the rows are read 16 bytes a thread: rows.loads_16_bytes); 0 for
+    any other weight, and without looking at the rows where the plan's form takes none."""
+    if weight is None or weight.element_size() != 4:
+        return 0
+    pieces = plan.weight_halves(True)
+    return pieces if pieces and loads_16_bytes(hidden, nh, *views) else 0
+
+
 def forward(x, weight, residual, gate, eps, variant: Variant):
     """(y, rstd, h); h is an empty tensor when there is no residual."""
     hidden = x.shape[-1]
@@ -100,9 +110,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
-    w_halves = 0     # (a float32 weight by halves with plain loads: ForwardPlan.weight_halves)
-    if weight is not None and weight.element_size() == 4:
-        w_halves = plan.weight_halves(loads_16_bytes(hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)))
+    w_halves = _weight_halves(plan, weight, hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh))
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
                   num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device, forward=True))
     with device_guard(x):
@@ -218,9 +226,7 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             grid = (min(max(plan.num_chunks, n_slices), most),)
             row_programs, slice_start = grid[0], 0
     tensors = (dyv, hv, zv, weight, rstd, dhv, dx, dres if dres.numel() else None, dz if gate is not None else None)
-    w_halves = 0     # (a float32 weight by halves: BackwardPlan.weight_halves)
-    if weight is not None and weight.element_size() == 4:
-        w_halves = plan.weight_halves(loads_16_bytes(hidden, nh, *views))
+    w_halves = _weight_halves(plan, weight, hidden, nh, *views)
     sizes = (rows, hidden, nh, sdyt, sdyh, sht, shh, szt, szh, sdht, sdhh, plan.rows_per_chunk, plan.num_chunks)
     pdl = launch_options(h.device)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),

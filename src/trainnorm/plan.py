@@ -218,7 +218,7 @@ _forward_plan_cached = lru_cache(maxsize=4096)(_forward_plan)
 def halves_of(block_n: int, block_n2: int, num_warps: int, loads_16_bytes: bool) -> int:
     """The pieces (of block_n, then block_n2 columns) one row of which lays every thread of a
     num_warps tile along its columns, 8 values a thread, where rows are read 16 bytes a thread:
-    those whose float32 values a form reads and writes as two runs of 4 a thread."""
+    those whose float32 weight a form reads as two runs of 4 a thread."""
     if not loads_16_bytes:
         return 0
     return sum(1 for n in (block_n, block_n2) if n and n >= 8 * 32 * num_warps)
