@@ -753,6 +753,42 @@ def test_float32_weight_read_by_halves_is_the_plain_read(device, hidden, rows, r
             assert_bits_equal(a, b, f"{name} with the weight read by halves against the plain read")
 
 
+def test_dispatch_reads_a_weight_by_halves_only_where_it_may():
+    # dispatch._weight_halves: the launches take W_HALVES from the plan only for a float32
+    # weight beside rows read 16 bytes a thread (rows.loads_16_bytes): not for a bf16
+    # weight, rows of 2 heads (two-level), a row of H 2040 (not 16 values a multiple) or rows
+    # 2 bytes off a 16-byte boundary. Recorded on the CPU, nothing run
+    from trainnorm.dev.compile_check import recording
+
+    class Launched(list):
+        def add(self, kernel, args, kw, grid=None):
+            self.append((kernel.fn.__name__, kw.get("W_HALVES")))
+
+    def halves(x, weight, dy):
+        launched = Launched()
+        with recording(launched):
+            rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+            trainnorm.rms_norm_forward(x, weight)
+            trainnorm.rms_norm_backward(dy, x, weight, rstd)
+        return {k: v for k, v in launched if k != "dw_combine_kernel"}
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    e = lambda *shape, dt=bf16: torch.empty(shape, dtype=dt)
+    x, dy = e(1, 2048), e(1, 2048)
+    fwd = plan.forward_plan(2048, bf16, f32, Variant()).weight_halves(True)
+    bwd = bwd_plan(1, 2048).weight_halves(True)
+    assert fwd >= 1 and bwd >= 1
+    assert halves(x, e(2048, dt=f32), dy) == {"fwd_one_tile_kernel": fwd, "bwd_one_tile_kernel": bwd}
+    assert set(halves(x, e(2048), dy).values()) == {0}
+    heads = e(2, 4, 1024)[:, :2]        # 2 of 4 heads: rows of two levels
+    assert set(halves(e(2, 2, 1024), e(1024, dt=f32), e(2, 2, 1024)).values()) - {0}
+    assert set(halves(heads, e(1024, dt=f32), e(2, 2, 1024)).values()) == {0}
+    assert plan.forward_plan(2040, bf16, f32, Variant()).weight_halves(True) >= 1
+    assert set(halves(e(1, 2040), e(2040, dt=f32), e(1, 2040)).values()) == {0}
+    off = e(2 * 2048 + 8)[1:2049].view(1, 2048)         # 2 bytes past a 16-byte boundary
+    assert set(halves(off, e(2048, dt=f32), dy).values()) == {0}
+
+
 @pytest.mark.parametrize("hidden", [96, 1000, 4096, 5120])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_row_dw_is_the_float64_terms_bits(device, hidden, dtype):
