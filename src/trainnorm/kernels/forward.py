@@ -257,13 +257,22 @@ def fwd_col_tiles_kernel(
     b_ss = tl.sum(b_acc, axis=1)
     b_rstd = rstd_from_sumsq(b_ss, n_cols, eps)
     if tl.max(b_ss, axis=0) == float("inf"):
-        # some row's float32 sum of squares overflowed: its scaled squares, walked again (the
-        # plain rows keep rstd_from_sumsq's bits, rstd_from_sums' plain branch)
+        # some row's float32 sum of squares overflowed: its scaled squares, from the held
+        # tiles or walked again, unrolled as the first walk (the plain rows keep
+        # rstd_from_sumsq's bits, rstd_from_sums' plain branch). Held tiles walked again took
+        # the held forms from 60 to 74 registers (bf16, one row a tile) and 94 to 123 (float32
+        # weight, two) for sm_90 under Triton 3.6; a rolled walk beside the held tiles'
+        # unrolled one gave the two forms other float instructions (compile_check --load-forms)
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
-            b_s = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE,
-                          GATE_FIRST) * SCALE_DOWN
-            b_acc += b_s * b_s
+        if HOLD:
+            for t in tl.static_range(COL_TILES):
+                b_s = held[t] * SCALE_DOWN
+                b_acc += b_s * b_s
+        else:
+            for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N, loop_unroll_factor=COL_UNROLL):
+                b_s = _load_u(X, R, Z, H_OUT, n0 + o_n, o_x, o_r, o_z, o_out, m_m, n_cols, False, GATE,
+                              GATE_FIRST) * SCALE_DOWN
+                b_acc += b_s * b_s
         b_rstd = rstd_from_sums(b_ss, tl.sum(b_acc, axis=1), n_cols, eps)
     if HOLD or WEIGHT == "rows":
         for t in tl.static_range(COL_TILES):
