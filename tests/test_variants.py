@@ -66,3 +66,20 @@ def test_command_line():
         argv = bad + (["--cases", "1x1"] if "--cases" not in bad else []) + ["--out", "o"]
         with pytest.raises(SystemExit):
             variants.parse_args(argv)
+
+
+def test_residual_cases_add_the_stream_and_take_its_gradient(device):
+    # --residual: the forward's h is x + r (not x), and the backward's dx carries dh
+    plain = variants.case_fns(96, 5, device)
+    res = variants.case_fns(96, 5, device, residual=True)
+    _, rstd0, h0 = plain["fwd"]()
+    _, rstd, h = res["fwd"]()
+    assert not torch.equal(h, h0) and not torch.equal(rstd, rstd0)
+    dx0, _ = plain["bwd"]()
+    dx, _ = res["bwd"]()
+    assert not torch.equal(dx, dx0)
+    same = {"same": variants.load_kernels("same", KERNELS)}
+    out = variants.probe(same, [(96, 5)], device, flush=lambda: None, log=lambda line: None,
+                         time_fns=lambda fns, flush, **kw: {n: 1.0 for n in fns}, residual=True)
+    assert list(out) == ["H96 T5 res"] and all(out["H96 T5 res"]["bits"].values())
+    assert variants.parse_args(["--variant", "a=/x", "--cases", "1x1", "--residual", "--out", "o"]).residual

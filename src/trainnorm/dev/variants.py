@@ -78,16 +78,21 @@ def routed(sets: dict):
             setattr(dispatch, k, v)
 
 
-def case_fns(hidden: int, rows: int, device, weight_dtype=torch.bfloat16, ops=OPS) -> dict:
+def case_fns(hidden: int, rows: int, device, weight_dtype=torch.bfloat16, ops=OPS, residual=False) -> dict:
     """{op: zero-argument callable} of trainnorm's explicit forward and backward on seeded bf16
-    rows (the backward from the forward's rstd)."""
+    rows (the backward from the forward's rstd). With `residual`, the forward adds a bf16
+    residual stream (the plans' residual forms, held walks among them) and the backward takes
+    the stream's gradient dh, as a decoder block's norm does."""
     import trainnorm
     g = torch.Generator(device=device).manual_seed(hidden * 7919 + rows)
     x = torch.randn(rows, hidden, device=device, generator=g).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(hidden, device=device, generator=g)).to(weight_dtype)
     dy = torch.randn(rows, hidden, device=device, generator=g).to(torch.bfloat16)
-    _, rstd, _ = trainnorm.rms_norm_forward(x, w)
-    fns = {"fwd": lambda: trainnorm.rms_norm_forward(x, w), "bwd": lambda: trainnorm.rms_norm_backward(dy, x, w, rstd)}
+    r = torch.randn(rows, hidden, device=device, generator=g).to(torch.bfloat16) if residual else None
+    dh = torch.randn(rows, hidden, device=device, generator=g).to(torch.bfloat16) if residual else None
+    _, rstd, h = trainnorm.rms_norm_forward(x, w, residual=r)
+    fns = {"fwd": lambda: trainnorm.rms_norm_forward(x, w, residual=r),
+           "bwd": lambda: trainnorm.rms_norm_backward(dy, h, w, rstd, dh=dh)}
     return {op: fns[op] for op in ops}
 
 
@@ -96,7 +101,7 @@ def _bits(out) -> list:
 
 
 def probe(sets: dict, cases, device, flush, log=print, weight_dtype=torch.bfloat16, ops=OPS,
-          time_fns=None) -> dict:
+          time_fns=None, residual=False) -> dict:
     """Time every op of every case under the package's kernels ("base") and each set of
     `sets` ({name: kernels}), interleaved; {case: {"times": {variant op: us}, "bits": {variant
     op: equal to base}}}. time_fns(fns, flush, captures=...) -> {name: us} (tune.time_fns)."""
@@ -105,7 +110,7 @@ def probe(sets: dict, cases, device, flush, log=print, weight_dtype=torch.bfloat
     out = {}
     with routed(sets) as current:
         for hidden, rows in cases:
-            base_fns = case_fns(hidden, rows, device, weight_dtype, ops)
+            base_fns = case_fns(hidden, rows, device, weight_dtype, ops, residual)
             fns, bits, ref = {}, {}, {}
             for name in ("base", *sets):
                 for op, fn in base_fns.items():
@@ -122,7 +127,7 @@ def probe(sets: dict, cases, device, flush, log=print, weight_dtype=torch.bfloat
                         torch.equal(a, b) for a, b in zip(got, ref[op]))
                     fns[f"{name} {op}"] = run
             times = time_fns(fns, flush, captures=tune.captures(rows, hidden))
-            what = f"H{hidden} T{rows}"
+            what = f"H{hidden} T{rows}{' res' if residual else ''}"
             out[what] = {"times": times, "bits": bits}
             for op in base_fns:
                 base = times[f"base {op}"]
@@ -140,6 +145,8 @@ def parse_args(argv=None):
     p.add_argument("--cases", required=True, help="comma-separated HxROWS")
     p.add_argument("--ops", default="fwd,bwd", help="comma-separated subset of fwd,bwd")
     p.add_argument("--weight", default="bf16", choices=("bf16", "fp32"), help="the weight's dtype")
+    p.add_argument("--residual", action="store_true",
+                   help="add a bf16 residual stream (forward) and its gradient dh (backward)")
     p.add_argument("--out", required=True, help="directory for variants.json")
     args = p.parse_args(argv)
     variants = {}
@@ -172,7 +179,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"variants: {torch.cuda.get_device_name(device)}, torch {torch.__version__}; {', '.join(sets)}", flush=True)
     res = probe(sets, args.cases, device, L2Flush(device), ops=args.ops,
-                weight_dtype=torch.float32 if args.weight == "fp32" else torch.bfloat16)
+                weight_dtype=torch.float32 if args.weight == "fp32" else torch.bfloat16, residual=args.residual)
     with open(os.path.join(args.out, "variants.json"), "w") as f:
         json.dump(res, f, indent=1)
     return 1 if any(not ok for case in res.values() for ok in case["bits"].values()) else 0
