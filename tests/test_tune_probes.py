@@ -113,6 +113,34 @@ def test_bwd_tile_edits_hold_the_row_as_two_pieces_without_spilling_counts():
     assert not any(k.startswith("pieces") for k in tune.bwd_tile_edits(12288))
 
 
+def test_bwd_tile_edits_walk_the_row_in_column_tiles_where_the_entry_holds_it_whole():
+    from trainnorm.configs import cdiv
+    from trainnorm.plan import DwForm
+    from trainnorm.variant import Variant
+    for hidden in (2560, 5120, 5376, 6144):
+        edits = tune.bwd_tile_edits(hidden)
+        entry = edits["entry"]
+        walks = {k: v for k, v in edits.items() if k.startswith("walk")}
+        assert walks, hidden
+        for name, cfg in walks.items():
+            t, s = cfg.tile, cfg.schedule
+            n = cfg.col_tiles(hidden)
+            # narrower than the row, few tiles, at most a quarter of the walk masked
+            assert 1 < n <= tune.WALK_MAX_TILES and t.block_n2 == 0, name
+            assert n * t.block_n - hidden <= tune.WALK_MAX_MASKED * n * t.block_n, name
+            assert name == f"walk n{t.block_n} bm{t.block_m} w{t.num_warps}"
+            assert 4 <= t.block_m * t.block_n // (32 * t.num_warps) <= 16, name
+            assert s.tma_stages == 0 and not s.prefetch and cfg.windows == entry.windows, name
+            # the plan walks it with a float64 partial a chunk past the column-slice window
+            with tune.configs.override(backward=tune.only(hidden, "plain", cfg)):
+                p = tune.plan_mod.backward_plan(16384, hidden, torch.bfloat16, Variant(), True, True)
+            assert (p.col_tiles, p.dw, p.num_chunks) == (n, DwForm.PARTIAL, 256), name
+    # H 2560: 2048 columns would leave 1536 of 4096 masked; a walked width has no walks to add
+    assert "walk n2048 bm1 w8" not in tune.bwd_tile_edits(2560)
+    assert not any(k.startswith("walk") for k in tune.bwd_tile_edits(12288))
+    assert cdiv(5376, 512) == 11 and "walk n512 bm4 w4" in tune.bwd_tile_edits(5376)
+
+
 def test_probe_bwd_tiles_times_every_edit_of_each_case(monkeypatch, tmp_path):
     timed = []
     monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: timed.append(sorted(fns)) or

@@ -112,8 +112,10 @@ against the tiles a sweep would pick from and against the peer it must beat
 --probe-bwd-tiles times, at --cases (H x rows; default BWD_TILES_PROBE_CASES), the
 deterministic backward's config against the row held as two pieces (4096 + 1024 at
 H 5120: none of the 8192-column tile's 3072 masked columns, about half its
-registers a thread) and single edits of the config (bwd_tile_edits), all
-interleaved per case. Raw times to probe-bwd-tiles.json and the log.
+registers a thread), the row walked in column tiles of 512-2048 (walk_edits: the
+walked widths' kernel, two passes, dw's partial added in place; 64-113 registers at
+H 5120 where the 8192-column tile takes 255) and single edits of the config
+(bwd_tile_edits), all interleaved per case. Raw times to probe-bwd-tiles.json and the log.
 
 --probe-pdl times trainnorm's deterministic fwd, bwd and step on bench rows (--rows,
 ids separated by ';'; default PDL_PROBE_ROWS: the bench's adapter and data) launched
@@ -1459,7 +1461,9 @@ def bwd_tile_edits(hidden: int) -> dict:
     the row loop pipelined 3 deep or not, 2 programs an SM or, at 16 warps, 4; at most 24 values of a row a
     thread: 4 warps at 4096 + 1024 columns and wider spill under ptxas, sm_90), and the entry
     with twice or half its warps (where a thread keeps at most 32 values) and its other
-    number of programs per SM. Windows, chunking and small-T fields stay the entry's."""
+    number of programs per SM; where the entry holds the row in one tile, the row walked in
+    column tiles (walk_edits). Windows, chunking and small-T fields stay the entry's (the
+    walks' chunking is the walked widths')."""
     cur = configs.backward_config(configs.backward_key(hidden, ELT))
     t, s = cur.tile, cur.schedule
     out = {"entry": cur}
@@ -1471,6 +1475,8 @@ def bwd_tile_edits(hidden: int) -> dict:
                 out[f"pieces bm1 w{nw} ls{ls} c{ctas}"] = cur.replace(
                     block_m=1, block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls, ctas_per_sm=ctas,
                     min_rows_per_chunk=1, **plain)
+    if cur.col_tiles(hidden) == 1:
+        out.update(walk_edits(hidden, cur))
     per_thread = t.block_m * t.block_n // (32 * t.num_warps)
     if t.num_warps < 16:
         out["entry w*2"] = cur.replace(num_warps=2 * t.num_warps)
@@ -1478,6 +1484,32 @@ def bwd_tile_edits(hidden: int) -> dict:
         out["entry w/2"] = cur.replace(num_warps=t.num_warps // 2)
     other = 2 if s.ctas_per_sm == 4 else 4
     out[f"entry c{other}"] = cur.replace(ctas_per_sm=other)
+    return out
+
+
+# the row walked in column tiles (bwd_col_tiles_kernel: c from a first walk, dx and the
+# chunk's float64 dw partial, added in place, from a second that finds the row in L1 / L2):
+# (block_n, block_m, num_warps), 4-16 values of a tile a thread
+WALK_TILES = ((2048, 1, 8), (2048, 1, 16), (2048, 2, 16), (1024, 2, 8), (1024, 4, 8), (512, 4, 4), (512, 8, 8))
+WALK_MAX_TILES = 12
+WALK_MAX_MASKED = 0.25
+
+
+def walk_edits(hidden: int, cur: BwdConfig) -> dict:
+    """{name: BwdConfig}: cur's row walked in column tiles narrower than H (WALK_TILES; at
+    most WALK_MAX_TILES tiles, at most WALK_MAX_MASKED of the walk's columns masked), as the
+    table's walked widths run (plain loads, 16 rows a chunk at least, up to 256 chunks, 2
+    programs an SM). cur's small-T windows stay; a walk sums a row's c in another order than
+    cur's tile, so dx's bits differ from the entry's (the same at every T within a walk)."""
+    out = {}
+    for bn, bm, nw in WALK_TILES:
+        n = cdiv(hidden, bn)
+        if bn >= hidden or n > WALK_MAX_TILES or n * bn - hidden > WALK_MAX_MASKED * n * bn:
+            continue
+        out[f"walk n{bn} bm{bm} w{nw}"] = cur.replace(
+            block_m=bm, block_n=bn, block_n2=0, num_warps=nw, min_rows_per_chunk=max(16, bm), max_chunks=256,
+            rows_max_chunks=(), dw_2d=False, ctas_per_sm=2, prefetch=False, tma_stages=0, direct_prefetch=False,
+            direct_tma_stages=0, loop_stages=0)
     return out
 
 
