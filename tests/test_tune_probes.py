@@ -156,7 +156,27 @@ def test_probe_bwd_tiles_times_every_edit_of_each_case(monkeypatch, tmp_path):
 
 def test_probe_bwd_tiles_command_line():
     args = tune.parse_args(["--probe-bwd-tiles", "--cases", "5120x16384"])
-    assert args.probe_bwd_tiles and tune._probing(args)
+    assert args.probe_bwd_tiles and tune._probing(args) and not args.stack
+    assert tune.parse_args(["--probe-bwd-tiles", "--stack"]).stack
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--probe-defaults", "--stack"])
+
+
+def test_probe_bwd_tiles_stack_times_the_residual_rows_backward(monkeypatch, tmp_path):
+    # --stack: every candidate's backward gets dh and a float32 weight (the `res w32` rows)
+    seen = []
+    real = tune._bwd_with
+
+    def spy(cfg, hidden, dy, x, w, rstd, ws, det, z=None, dh=None):
+        seen.append((w.dtype, dh is not None and dh.shape == dy.shape))
+        return real(cfg, hidden, dy, x, w, rstd, ws, det, z, dh)
+    monkeypatch.setattr(tune, "_bwd_with", spy)
+    monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: {n: fn() and 1.0 for n, fn in fns.items()})
+    logs = []
+    run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
+    tune.probe_bwd_tiles(run, cases=((96, 3),), stack=True)
+    assert seen and set(seen) == {(torch.float32, True)}, seen
+    assert "bwd H96 rows 3 res w32" in json.loads((tmp_path / "probe-bwd-tiles.json").read_text())
 
 
 def test_pdl_options_by_architecture(monkeypatch):

@@ -304,13 +304,13 @@ def _inputs(hidden, tokens, dev, gated=False):
     return x, w, dy, rstd, None
 
 
-def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det, z=None):
+def _bwd_with(cfg, hidden, dy, x, w, rstd, ws, det, z=None, dh=None):
     # inside the override at capture and, for an eager fallback, at every call
     kind = "gated" if z is not None else "plain"
     with configs.override(backward=only(hidden, kind, cfg)):
         if z is not None:
             return trainnorm.rms_norm_gated_backward(dy, x, z, w, rstd, deterministic=det, workspace=ws)
-        return trainnorm.rms_norm_backward(dy, x, w, rstd, deterministic=det, workspace=ws)
+        return trainnorm.rms_norm_backward(dy, x, w, rstd, dh=dh, deterministic=det, workspace=ws)
 
 
 def _workspace(cfg, hidden, rows, det, dev, gated):
@@ -1513,24 +1513,29 @@ def walk_edits(hidden: int, cur: BwdConfig) -> dict:
     return out
 
 
-def probe_bwd_tiles(run: Run, cases=BWD_TILES_PROBE_CASES) -> None:
+def probe_bwd_tiles(run: Run, cases=BWD_TILES_PROBE_CASES, stack: bool = False) -> None:
     """The deterministic backward's config against bwd_tile_edits at each (H, rows), every
-    candidate interleaved per case (bf16 rows, 16-bit weight): raw times to
+    candidate interleaved per case (bf16 rows, 16-bit weight; with `stack`, as the bench's
+    `res w32` rows: a float32 weight and the residual stream's gradient dh): raw times to
     probe-bwd-tiles.json and the log, each with the entry's time over it (> 1: faster)."""
     for hidden, rows in cases:
         x, w, dy, rstd, _ = _inputs(hidden, rows, run.device)
+        dh = None
+        if stack:
+            w = w.float()
+            dh = torch.randn_like(dy)
         fns = {}
         for name, cfg in bwd_tile_edits(hidden).items():
             ws = _workspace(cfg, hidden, rows, True, run.device, False)
-            fns[name] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True))
+            fns[name] = (lambda cfg=cfg, ws=ws: _bwd_with(cfg, hidden, dy, x, w, rstd, ws, True, dh=dh))
         times = time_fns(fns, run.flush, passes=3, samples=10, captures=captures(rows, hidden))
         entry = times["entry"]
-        what = f"bwd H{hidden} rows {rows}"
+        what = f"bwd H{hidden} rows {rows}{' res w32' if stack else ''}"
         run.log(f"{what}: " + ", ".join(f"{k} {v:.2f} ({entry / v:.3f}x)"
                                         for k, v in sorted(times.items(), key=lambda kv: kv[1])))
         run.raw[what] = times
         run.save("probe-bwd-tiles.json")
-        del x, w, dy, rstd, fns
+        del x, w, dy, dh, rstd, fns
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -1774,6 +1779,9 @@ def parse_args(argv=None):
                    help="with --sweep-bwd: the gated backward (the 'gated' entries); with --probe-defaults: "
                         "the gated forward's rule and the gated backward's config against their edits "
                         "(default cases GATED_PROBE_CASES)")
+    p.add_argument("--stack", action="store_true",
+                   help="with --probe-bwd-tiles: a float32 weight and the residual stream's gradient dh "
+                        "(the bench's 'res w32' rows)")
     p.add_argument("--out", default="tune-out", help="directory for the table, raw times and log (default tune-out)")
     p.add_argument("--table", default=None,
                    help="write the table here instead of OUT/<arch>.json (the only way to write the package's)")
@@ -1789,6 +1797,8 @@ def parse_args(argv=None):
                    help="with --probe-tiles: comma-separated forward tiles as the sweep names them, e.g. "
                         "'bm2 w8 pieces,bm1 w16 n2048 held,bm1 w4 tma4 c2'")
     args = p.parse_args(argv)
+    if args.stack and not args.probe_bwd_tiles:
+        p.error("--stack needs --probe-bwd-tiles")
     if (args.kinds or args.tokens) and not (args.sweep_fwd or args.probe_tiles):
         p.error("--kinds and --tokens need --sweep-fwd or --probe-tiles")
     if args.probe_tiles:
@@ -1885,7 +1895,7 @@ def main(argv=None) -> int:
         elif args.probe_tiles:
             probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
         elif args.probe_bwd_tiles:
-            probe_bwd_tiles(run, cases or BWD_TILES_PROBE_CASES)
+            probe_bwd_tiles(run, cases or BWD_TILES_PROBE_CASES, args.stack)
         elif args.probe_pdl:
             probe_pdl(run, args.rows or PDL_PROBE_ROWS)
         elif args.sweep_small:
