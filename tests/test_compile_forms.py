@@ -109,6 +109,32 @@ def test_forward_rows_check_finds_a_window_that_splits_rows_otherwise():
     assert "lines 3" in out
 
 
+def test_held_dw_walk_compiles_a_row_alike_at_every_T():
+    # configs.BwdTile.hold_dw unrolls the walked row's second walk in the chunked form (dw
+    # held) and in the column-slice form (no dw) alike, so a row's dx compiles to the same
+    # float32 instructions and sums at T 1, 300 and 4096; mixing a held walk with one that
+    # adds its partial in place (a rolled second walk) must read as different
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    code = ("from triton.backends.compiler import GPUTarget\n"
+            "from trainnorm.dev import compile_check as cc, tune\n"
+            "t = GPUTarget('cuda', 90, 32)\n"
+            "k = ('bwd_one_tile_kernel', 'bwd_col_slices_kernel', 'bwd_col_tiles_kernel')\n"
+            "e = tune.bwd_tile_edits(5120)\n"
+            "held, rolled = e['walk n2048 bm1 w16 held'], e['walk n2048 bm1 w16']\n"
+            "for case in (cc.PLANNED_SETS[0], cc.PLANNED_SETS[2]):\n"
+            "    ops = {r: cc._form_ops(t, cc._bwd_call(r, 5120, case), k, per_row=True,\n"
+            "                           backward=tune.only(5120, 'plain', held)) for r in (1, 300, 4096)}\n"
+            "    print(case[0], 'held', len(cc._differing('', ops, keep=cc.dx_op)))\n"
+            "    ops[4096] = cc._form_ops(t, cc._bwd_call(4096, 5120, case), k, per_row=True,\n"
+            "                             backward=tune.only(5120, 'plain', rolled))\n"
+            "    print(case[0], 'mixed', len(cc._differing('', ops, keep=cc.dx_op)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    assert out == ["bf16 held 0", "bf16 mixed 1", "bf16 residual held 0", "bf16 residual mixed 1"], out
+
+
 def test_ptx_digest_ignores_debug_information_only():
     from trainnorm.dev.compile_check import ptx_digest
     body = ".visible .entry k(\n)\n{\n\tld.global.b32 %r1, [%rd1];\n\tst.global.b32 [%rd2], %r1;\n}\n"
@@ -117,6 +143,10 @@ def test_ptx_digest_ignores_debug_information_only():
     b += "\t.section\t.debug_abbrev\n\t{\n.b8 1\n\t}\n"
     assert ptx_digest(a) == ptx_digest(b)
     assert ptx_digest(a) != ptx_digest(a.replace("st.global.b32", "st.global.cs.b32"))
+    # the labels the debug sections point at, numbered by inlined helper functions
+    c = b.replace("\tst.global", "$L__tmp7:\n\tst.global")
+    assert ptx_digest(c) == ptx_digest(a)
+    assert ptx_digest(a.replace("\tst.global", "$L__BB0_2:\n\tst.global")) != ptx_digest(a)
 
 
 def test_pdl_launches_compile_to_a_grid_dependency_wait_and_plain_ones_to_none():

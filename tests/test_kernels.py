@@ -89,6 +89,43 @@ def test_wide_rows_tile_loop(device, hidden):
         check_case(case, deterministic)
 
 
+@pytest.mark.parametrize("residual,gate", [(False, None), (True, None), (False, "after"), (False, "first")])
+def test_wide_rows_held_dw_same_bits(device, residual, gate):
+    # configs.BwdTile.hold_dw: the walked row's dw partial held in registers a chunk (the
+    # second walk unrolled) against the partial added in place after every row tile: the
+    # same bits (dx, dw, dz) in every form the plans take as T grows (column slices at 3
+    # rows, several chunks of partials at 41) and in both modes; and dx, dw, dz near FP64
+    hidden = 1000
+    base = bwd_config(hidden).replace(block_m=1, block_n=256, block_n2=0, num_warps=2, dw_2d=False,
+                                      min_rows_per_chunk=4, max_chunks=8, rows_max_chunks=(), tma_stages=0,
+                                      prefetch=False, direct_prefetch=False, direct_tma_stages=0, loop_stages=0,
+                                      direct_max_rows=0, slices_max_rows=8)
+    held = base.replace(hold_dw=True)
+    for rows, form in ((3, DwForm.COL_SLICES), (41, DwForm.PARTIAL)):
+        case = make_case("outlier", (rows,), hidden, residual=residual, seed=rows, device=device)
+        z = torch.randn(case.x.shape, dtype=case.x.dtype, device=device) if gate else None
+        y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+        if gate:
+            y, rstd = trainnorm.rms_norm_gated_forward(case.x, z, case.weight, EPS, norm_before_gate=gate == "after")
+        for det in (True, False):
+            outs = {}
+            for name, cfg in (("in place", base), ("held", held)):
+                with configs.override(backward=cfg):
+                    plan_ = bwd_plan(rows, hidden, deterministic=det, gated=bool(gate))
+                    assert (plan_.col_tiles, plan_.dw) == (4, form), name
+                    if gate:
+                        outs[name] = trainnorm.rms_norm_gated_backward(case.dy, case.x, z, case.weight, rstd,
+                                                                       norm_before_gate=gate == "after",
+                                                                       deterministic=det)
+                    else:
+                        outs[name] = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, dh=case.dh,
+                                                                 deterministic=det)
+            if not gate:
+                check_backward(case.dy, h, case.weight, rstd, case.dh, *outs["held"])
+            for a, b in zip(outs["in place"], outs["held"]):
+                assert_bits_equal(a, b, f"T {rows} det {det}: held dw against in place")
+
+
 def test_weight_none(device):
     case = make_case("normal", (20,), 1536, seed=1, device=device)
     case.weight = None

@@ -128,7 +128,9 @@ def test_bwd_tile_edits_walk_the_row_in_column_tiles_where_the_entry_holds_it_wh
             # narrower than the row, few tiles, at most a quarter of the walk masked
             assert 1 < n <= tune.WALK_MAX_TILES and t.block_n2 == 0, name
             assert n * t.block_n - hidden <= tune.WALK_MAX_MASKED * n * t.block_n, name
-            assert name == f"walk n{t.block_n} bm{t.block_m} w{t.num_warps}"
+            assert name == f"walk n{t.block_n} bm{t.block_m} w{t.num_warps}{' held' if t.hold_dw else ''}"
+            assert walks[name.removesuffix(" held")].tile.hold_dw is False
+            assert not t.hold_dw or t.block_m == 1, name
             assert 4 <= t.block_m * t.block_n // (32 * t.num_warps) <= 16, name
             assert s.tma_stages == 0 and not s.prefetch and cfg.windows == entry.windows, name
             # the plan walks it with a float64 partial a chunk past the column-slice window

@@ -257,6 +257,13 @@ class BwdTile:
     # the rows themselves. Like the chunking itself, a function of the row count only: dw's
     # reduction tree stays independent of the SM count
     rows_max_chunks: tuple = ()
+    # rows walked in column tiles (block_n narrower than H): the second walk unrolled over
+    # the row's tiles, and the chunk's float64 dw partial held in registers across the
+    # chunk's rows and stored once, where it is otherwise added in place in the workspace
+    # after every row tile (a load and a store of H x 8 bytes, and a barrier). The same
+    # additions in the same order: timing only. The column-slice form unrolls its rows'
+    # second walk alike (a row's dx compiles to the same instructions at every T)
+    hold_dw: bool = False
 
     def __post_init__(self):
         _check_pieces(self)

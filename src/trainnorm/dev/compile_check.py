@@ -807,12 +807,14 @@ SHARED_LIMIT = {90: 232448, 100: 232448, 80: 166912, 89: 101376, 86: 101376}
 
 def ptx_digest(ptx: str) -> str:
     """sha1 of the PTX without its debug information (the .loc and .file lines, comments, the
-    debug sections): two source trees whose kernels compile to the same instructions give
-    the same digest, though their line numbers differ."""
+    debug sections and the $L__tmp labels they point at, numbered by the inlined functions):
+    two source trees whose kernels compile to the same instructions give the same digest,
+    though their line numbers and helper functions differ."""
     import hashlib
     cut = re.search(r"^\s*\.section\s+\.debug", ptx, re.M)
     keep = [re.sub(r"\s*//.*$", "", line) for line in (ptx[:cut.start()] if cut else ptx).splitlines()
-            if line.strip() and not line.strip().startswith((".loc", ".file", "//"))]
+            if line.strip() and not line.strip().startswith((".loc", ".file", "//"))
+            and not re.fullmatch(r"\$L__tmp\d+:", line.strip())]
     return hashlib.sha1("\n".join(keep).encode()).hexdigest()
 
 

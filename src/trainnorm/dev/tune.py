@@ -1489,8 +1489,9 @@ def bwd_tile_edits(hidden: int) -> dict:
 
 # the row walked in column tiles (bwd_col_tiles_kernel: c from a first walk, dx and the
 # chunk's float64 dw partial, added in place, from a second that finds the row in L1 / L2):
-# (block_n, block_m, num_warps), 4-16 values of a tile a thread
-WALK_TILES = ((2048, 1, 8), (2048, 1, 16), (2048, 2, 16), (1024, 2, 8), (1024, 4, 8), (512, 4, 4), (512, 8, 8))
+# (block_n, block_m, num_warps), 4-16 values of a tile a thread; held (hold_dw) at one row a
+# tile: 76 / 142 registers at n2048 w16 / w8, H 5120 (sm_90, Triton 3.6)
+WALK_TILES = ((2048, 1, 8), (2048, 1, 16), (1024, 1, 8), (1024, 2, 8), (1024, 4, 8), (512, 4, 4))
 WALK_MAX_TILES = 12
 WALK_MAX_MASKED = 0.25
 
@@ -1499,17 +1500,20 @@ def walk_edits(hidden: int, cur: BwdConfig) -> dict:
     """{name: BwdConfig}: cur's row walked in column tiles narrower than H (WALK_TILES; at
     most WALK_MAX_TILES tiles, at most WALK_MAX_MASKED of the walk's columns masked), as the
     table's walked widths run (plain loads, 16 rows a chunk at least, up to 256 chunks, 2
-    programs an SM). cur's small-T windows stay; a walk sums a row's c in another order than
+    programs an SM), each also with its dw partial held in registers ("held": hold_dw). cur's small-T windows stay; a walk sums a row's c in another order than
     cur's tile, so dx's bits differ from the entry's (the same at every T within a walk)."""
     out = {}
     for bn, bm, nw in WALK_TILES:
         n = cdiv(hidden, bn)
         if bn >= hidden or n > WALK_MAX_TILES or n * bn - hidden > WALK_MAX_MASKED * n * bn:
             continue
-        out[f"walk n{bn} bm{bm} w{nw}"] = cur.replace(
-            block_m=bm, block_n=bn, block_n2=0, num_warps=nw, min_rows_per_chunk=max(16, bm), max_chunks=256,
-            rows_max_chunks=(), dw_2d=False, ctas_per_sm=2, prefetch=False, tma_stages=0, direct_prefetch=False,
-            direct_tma_stages=0, loop_stages=0)
+        # held only at one row a tile: a tile of more rows holds its dw sums once a warp of
+        # its rows (the sum's layout), 206-255 registers at H 5120 (sm_90, Triton 3.6)
+        for held in ((False, True) if bm == 1 else (False,)):
+            out[f"walk n{bn} bm{bm} w{nw}{' held' if held else ''}"] = cur.replace(
+                block_m=bm, block_n=bn, block_n2=0, num_warps=nw, min_rows_per_chunk=max(16, bm), max_chunks=256,
+                rows_max_chunks=(), dw_2d=False, ctas_per_sm=2, prefetch=False, tma_stages=0, direct_prefetch=False,
+                direct_tma_stages=0, loop_stages=0, hold_dw=held)
     return out
 
 

@@ -398,17 +398,38 @@ def _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE: tl.con
 
 
 @triton.jit
+def _wide_dx_tile(HX, DY, Z, W, DH, DX, DR, DZ, b_rstd, b_c, o_m, m_m, o_hr, o_dyr, o_zr, o_c, n_cols, NH,
+                  stride_dht, stride_dhh, TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
+                  W_OFFSET: tl.constexpr):
+    """The second walk's step over one column tile of a wide row: dx (dz) stored; returns
+    h, dy and a(z) as f32 for dw's terms."""
+    m_n = o_c < n_cols
+    mask = m_m[:, None] & m_n[None, :]
+    b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE, W_OFFSET)
+    b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
+    _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_c, mask,
+                       n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
+    return b_h, b_dy, b_a
+
+
+@triton.jit
 def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_end, n_cols, NH,
                      stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_TILES: tl.constexpr,
                      TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
-                     W_OFFSET: tl.constexpr):
+                     W_OFFSET: tl.constexpr, HOLD_DW: tl.constexpr):
     """One chunk of rows walked in column tiles: dx (dz) stored and, with P_PART
-    (the chunk's row of float64 partials), dw's terms accumulated there in place."""
+    (the chunk's row of float64 partials), dw's terms accumulated there in place, or with
+    HOLD_DW held in registers, one [BLOCK_N] sum a tile, and stored once (the same additions
+    in the same order). HOLD_DW unrolls the second walk (with or without P_PART)."""
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
     wide = HX.dtype.element_ty.primitive_bitwidth > 16 or DY.dtype.element_ty.primitive_bitwidth > 16
-    if P_PART is not None:
+    if HOLD_DW:
+        b_dws = ()
+        for t in tl.static_range(COL_TILES):
+            b_dws = b_dws + (tl.zeros([BLOCK_N], dtype=tl.float64),)
+    elif P_PART is not None:
         for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
             o_c = n0 + o_n
             tl.store(P_PART + o_c, tl.zeros([BLOCK_N], dtype=tl.float64), mask=o_c < n_cols)
@@ -431,22 +452,35 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_
             b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
             b_acc += b_g * b_xhat
         b_c = tl.sum(b_acc, axis=1) / n_cols
-        # pass 2: dx (dz), and the chunk's dw partial accumulated in place
-        for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
-            o_c = n0 + o_n
-            m_n = o_c < n_cols
-            mask = m_m[:, None] & m_n[None, :]
-            b_h, b_dy, b_w, b_a, b_da = _load_col_tile(HX, DY, Z, W, o_hr, o_dyr, o_zr, o_c, mask, m_n, GATE,
-                                                       W_OFFSET)
-            b_xhat, b_g = _norm_inputs(b_h, b_dy, b_rstd, W, b_w, b_a, GATE, GATE_FIRST)
-            _store_input_grads(b_h, b_dy, b_rstd, W, b_w, b_a, b_da, b_xhat, b_g, b_c, DH, DX, DR, DZ, o_m, o_c, mask,
-                               n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST)
+        # pass 2: dx (dz), and the chunk's dw partial accumulated (held, or in place)
+        if HOLD_DW:
+            b_next = ()
+            for t in tl.static_range(COL_TILES):
+                o_c = t * BLOCK_N + o_n
+                b_h, b_dy, b_a = _wide_dx_tile(HX, DY, Z, W, DH, DX, DR, DZ, b_rstd, b_c, o_m, m_m, o_hr, o_dyr, o_zr,
+                                          o_c, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST,
+                                          W_OFFSET)
+                if P_PART is not None:
+                    b_next = b_next + (b_dws[t] + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0),)
             if P_PART is not None:
-                b_old = tl.load(P_PART + o_c, mask=m_n, other=0.0)
-                b_new = b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
-                tl.store(P_PART + o_c, b_new, mask=m_n)
-        # the next tile re-reads this partial: order it after these stores
-        tl.debug_barrier()
+                b_dws = b_next
+        else:
+            for n0 in tl.range(0, COL_TILES * BLOCK_N, BLOCK_N):
+                o_c = n0 + o_n
+                b_h, b_dy, b_a = _wide_dx_tile(HX, DY, Z, W, DH, DX, DR, DZ, b_rstd, b_c, o_m, m_m, o_hr, o_dyr, o_zr,
+                                          o_c, n_cols, NH, stride_dht, stride_dhh, TWO_LEVEL, GATE, GATE_FIRST,
+                                          W_OFFSET)
+                if P_PART is not None:
+                    m_n = o_c < n_cols
+                    b_old = tl.load(P_PART + o_c, mask=m_n, other=0.0)
+                    b_new = b_old + tl.sum(_dw_terms(b_dy, b_h, b_rstd, b_a, GATE, wide), axis=0)
+                    tl.store(P_PART + o_c, b_new, mask=m_n)
+            # the next tile re-reads this partial: order it after these stores
+            tl.debug_barrier()
+    if HOLD_DW and P_PART is not None:
+        for t in tl.static_range(COL_TILES):
+            o_c = t * BLOCK_N + o_n
+            tl.store(P_PART + o_c, b_dws[t], mask=o_c < n_cols)
 
 
 @triton.jit
@@ -463,8 +497,10 @@ def bwd_col_tiles_kernel(
     GATE_FIRST: tl.constexpr,
     W_OFFSET: tl.constexpr,
     PDL: tl.constexpr = False,
+    HOLD_DW: tl.constexpr = False,
 ):
-    """dw partials go to PARTIAL (the "partial" form) when it is given, else no dw."""
+    """dw partials go to PARTIAL (the "partial" form) when it is given, else no dw; HOLD_DW:
+    each chunk's partial held in registers and stored once (configs.BwdTile.hold_dw)."""
     grid_dependency(PDL)
     pid = tl.program_id(0)
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
@@ -476,7 +512,7 @@ def bwd_col_tiles_kernel(
             p_part = None
         _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, p_part, row_start, row_end, n_cols, NH,
                          stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
-                         BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
+                         BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, HOLD_DW)
 
 
 @triton.jit
@@ -499,6 +535,7 @@ def bwd_col_slices_kernel(
     DW_BN: tl.constexpr,
     DW_STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
+    HOLD_DW: tl.constexpr = False,
 ):
     """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
     grid) the column slices: slice_start 0 gives every program both roles, one
@@ -524,7 +561,8 @@ def bwd_col_slices_kernel(
             else:
                 _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, None, row_start, row_end, n_cols, NH,
                                  stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
-                                 stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET)
+                                 stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET,
+                                 HOLD_DW)
     if pid >= slice_start:
         # dw by column slices, each over all rows in row order (see above)
         wide = HX.dtype.element_ty.primitive_bitwidth > 16 or DY.dtype.element_ty.primitive_bitwidth > 16
