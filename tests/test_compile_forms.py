@@ -10,15 +10,19 @@ import trainnorm
 from trainnorm import dispatch, kernels
 
 
-def compile_check(*args) -> str:
-    """stdout of `python -m trainnorm.dev.compile_check ARGS` run for sm_90 (outside the
-    interpreter), asserted to exit 0."""
+def compiled(*argv) -> str:
+    """stdout of `python ARGV` outside the interpreter (the kernels compiled for sm_90),
+    asserted to exit 0."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "trainnorm.dev.compile_check", *args], env=env,
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout
+
+
+def compile_check(*args) -> str:
+    """stdout of `python -m trainnorm.dev.compile_check ARGS` run for sm_90."""
+    return compiled("-m", "trainnorm.dev.compile_check", *args)
 
 
 def test_every_launch_fixes_fp_fusion(monkeypatch):
@@ -89,17 +93,13 @@ def test_forward_rows_check_finds_a_window_that_splits_rows_otherwise():
     # 8 values a thread a row); one row a tile spreads a row over 8 warps at 4 values: another
     # sum, so a window of one row would give a row other bits below 1024 rows than above.
     # The check must say so (the interpreter's tests cannot: its reductions have no warps)
-    pytest.importorskip("triton.backends.nvidia.compiler")
     code = ("from triton.backends.compiler import GPUTarget\n"
             "from trainnorm.configs import FwdConfig\n"
             "from trainnorm.dev import compile_check as cc\n"
             "cfg = FwdConfig.from_fields(block_m=2, block_n=1024, num_warps=8, rows_block_m=((1024, 1),))\n"
             "bad = cc.check_forward_rows(GPUTarget('cuda', 90, 32), [(5120, 'weight_fp32', cfg)])\n"
             "print('lines', len(bad))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    out = res.stdout
+    out = compiled("-c", code)
     lines = [line for line in out.splitlines() if line.startswith("  forward H 5120 weight_fp32")]
     assert [line.split(" [")[0] for line in lines] == ["  forward H 5120 weight_fp32 plain/residual",
                                                        "  forward H 5120 weight_fp32 gate after",
@@ -114,7 +114,6 @@ def test_held_dw_walk_compiles_a_row_alike_at_every_T():
     # held) and in the column-slice form (no dw) alike, so a row's dx compiles to the same
     # float32 instructions and sums at T 1, 300 and 4096; mixing a held walk with one that
     # adds its partial in place (a rolled second walk) must read as different
-    pytest.importorskip("triton.backends.nvidia.compiler")
     code = ("from triton.backends.compiler import GPUTarget\n"
             "from trainnorm.dev import compile_check as cc, tune\n"
             "t = GPUTarget('cuda', 90, 32)\n"
@@ -128,10 +127,7 @@ def test_held_dw_walk_compiles_a_row_alike_at_every_T():
             "    ops[4096] = cc._form_ops(t, cc._bwd_call(4096, 5120, case), k, per_row=True,\n"
             "                             backward=tune.only(5120, 'plain', rolled))\n"
             "    print(case[0], 'mixed', len(cc._differing('', ops, keep=cc.dx_op)))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    out = res.stdout.splitlines()
+    out = compiled("-c", code).splitlines()
     assert out == ["bf16 held 0", "bf16 mixed 1", "bf16 residual held 0", "bf16 residual mixed 1"], out
 
 
