@@ -249,3 +249,25 @@ def test_probe_pdl_command_line():
         tune.parse_args(["--probe-pdl", "--rows", "H4096 T3"])
     with pytest.raises(SystemExit):
         tune.parse_args(["--probe-bwd-tiles", "--rows", "H4096 T1"])
+
+
+def test_probe_placement_times_each_copy_with_its_weight_stored_both_ways(monkeypatch, tmp_path):
+    import trainnorm
+    calls = []
+    real = trainnorm.rms_norm_backward
+
+    def spy(dy, h, w, rstd, **kw):
+        calls.append((dy.data_ptr(), kw["weight_offset"], round(float(w.float().mean()))))
+        return real(dy, h, w, rstd, **kw)
+    monkeypatch.setattr(trainnorm, "rms_norm_backward", spy)
+    monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: {n: fn() and 1.0 for n, fn in fns.items()})
+    logs = []
+    run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
+    tune.probe_placement(run, cases=((96, 3),), copies=2)
+    raw = json.loads((tmp_path / "probe-placement.json").read_text())
+    assert sorted(raw) == ["bwd H96 rows 3 rep 0", "bwd H96 rows 3 rep 1"]
+    assert sorted(raw["bwd H96 rows 3 rep 0"]) == ["copy0", "copy0 1+w", "copy1", "copy1 1+w"]
+    # two copies at two places, each launched with w (mean ~1) and with w - 1 under offset 1
+    assert len({c[0] for c in calls}) == 2
+    assert {(c[1], c[2]) for c in calls} == {(0.0, 1), (1.0, 0)}
+    assert tune.parse_args(["--probe-placement"]).probe_placement

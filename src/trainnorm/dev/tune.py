@@ -95,6 +95,12 @@ before every replay and without: where a small-T forward's time goes (a gap to a
 that closes without the flush is spent on cold fetches, one that stays is the kernel's
 own path). Raw times to probe-latency.json and the log.
 
+--probe-placement times one backward launch (H5120 T16384 by default) on separately placed
+copies of its data, the weight stored as w and as w - 1 under weight_offset=1, interleaved,
+twice: whether a launch's time follows where its data lies or how its weight is stored (the
+bench read the same launch 6% apart on two rows of one process). Raw times to
+probe-placement.json and the log.
+
 --probe-flush times, at FLUSH_PROBE_CASES, the forward and backward of trainnorm and of
 torch.compile (and max-autotune) after the bench's flush, whose fill leaves L2 full of
 dirty lines that DRAM takes back during the next replay, and after a flush that then reads
@@ -1720,6 +1726,45 @@ def probe_flush(run: Run, cases=FLUSH_PROBE_CASES, peers=FLUSH_PEERS, nbytes: in
         torch.cuda.empty_cache()
 
 
+# --- the same launch on other data and addresses (--probe-placement) -------------------------
+
+# the bench at 88c3c5a (H100, docs/benchmarks/h100-stack-h5120-88c3c5a): H5120 T16384's backward
+# read 201.79 us on the plain row and 189.25 on the 1+w row, the same launch but W_OFFSET, each
+# row's samples tight; torch-compile-maxat moved the other way (199.10 -> 205)
+PLACEMENT_PROBE_CASES = ((5120, 16384),)
+PLACEMENT_COPIES = 4
+
+
+def probe_placement(run: Run, cases=PLACEMENT_PROBE_CASES, copies: int = PLACEMENT_COPIES) -> None:
+    """The deterministic backward at each (H, rows) on `copies` sets of data, each allocated
+    after a spacer of its own size (other addresses), each with its weight stored as w
+    (1 + 0.1 N(0, 1)) and as w - 1 under weight_offset=1 (the bench's 1+w rows), all
+    interleaved in one process, twice: whether one launch's time follows its data's place or
+    the weight's storage. Raw times to probe-placement.json and the log."""
+    for hidden, rows in cases:
+        fns, keep = {}, []
+        for i in range(copies):
+            g = torch.Generator(device=run.device).manual_seed(i)
+            x = torch.randn(rows, hidden, device=run.device, generator=g).to(torch.bfloat16)
+            dy = torch.randn(rows, hidden, device=run.device, generator=g).to(torch.bfloat16)
+            w = 1 + 0.1 * torch.randn(hidden, device=run.device, generator=g)
+            _, rstd, _ = trainnorm.rms_norm_forward(x, w.to(torch.bfloat16))
+            ws = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=run.device)
+            keep.append(torch.empty((i + 1) * 37 * 2**20, dtype=torch.uint8, device=run.device))
+            for name, stored, offset in ((f"copy{i}", w, 0.0), (f"copy{i} 1+w", w - 1, 1.0)):
+                fns[name] = (lambda dy=dy, x=x, w=stored.to(torch.bfloat16), rstd=rstd, ws=ws, offset=offset:
+                             trainnorm.rms_norm_backward(dy, x, w, rstd, workspace=ws, weight_offset=offset))
+        for rep in range(2):
+            t = time_fns(fns, run.flush, passes=3, samples=15, captures=1)
+            what = f"bwd H{hidden} rows {rows} rep {rep}"
+            run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
+            run.raw[what] = t
+        run.save("probe-placement.json")
+        del fns, keep
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
     """Leave out (and log) a candidate whose outputs are not those of the rule's config up
     to the reduction order: a broken config is not timed."""
@@ -1734,7 +1779,7 @@ def _drop_disagreeing(run: Run, fns: dict, outs: dict, what: str) -> None:
 # --- command line ---------------------------------------------------------------------------
 
 PROBES = ("probe_defaults", "probe_schedule", "probe_chunks", "probe_stream", "probe_latency", "probe_tiles",
-          "probe_bwd_tiles", "probe_pdl", "probe_flush")
+          "probe_bwd_tiles", "probe_pdl", "probe_flush", "probe_placement")
 
 
 def _probing(args) -> bool:
@@ -1766,6 +1811,9 @@ def parse_args(argv=None):
     sweep.add_argument("--probe-flush", action="store_true",
                        help="trainnorm's and torch.compile's fwd and bwd after the bench's flush (L2 left dirty) "
                             "and after a flush that leaves it clean, at --cases")
+    sweep.add_argument("--probe-placement", action="store_true",
+                       help="one backward launch on separately placed copies of its data, its weight stored as "
+                            "w and as w - 1 under weight_offset=1, at --cases")
     sweep.add_argument("--probe-bwd-tiles", action="store_true",
                        help="the backward's config against its row held as two pieces and other edits, at --cases")
     sweep.add_argument("--probe-pdl", action="store_true",
@@ -1776,7 +1824,7 @@ def parse_args(argv=None):
     p.add_argument("--cases", default=None,
                    help="with a --probe-*: comma-separated HxROWS (default: PROBE_CASES, SCHEDULE_PROBE_CASES, "
                         "CHUNK_PROBE_CASES, STREAM_PROBE_CASES, LATENCY_PROBE_CASES, BWD_TILES_PROBE_CASES, "
-                        "FLUSH_PROBE_CASES)")
+                        "FLUSH_PROBE_CASES, PLACEMENT_PROBE_CASES)")
     p.add_argument("--rows", default=None,
                    help="with --probe-pdl: bench row ids separated by ';' (default: PDL_PROBE_ROWS)")
     p.add_argument("--gated", action="store_true",
@@ -1898,6 +1946,8 @@ def main(argv=None) -> int:
             probe_flush(run, cases or FLUSH_PROBE_CASES)
         elif args.probe_tiles:
             probe_tiles(run, widths, args.kinds, args.tiles, args.tokens)
+        elif args.probe_placement:
+            probe_placement(run, cases or PLACEMENT_PROBE_CASES)
         elif args.probe_bwd_tiles:
             probe_bwd_tiles(run, cases or BWD_TILES_PROBE_CASES, args.stack)
         elif args.probe_pdl:
