@@ -1461,6 +1461,11 @@ BWD_TILES_PROBE_CASES = ((5120, 4096), (5120, 16384), (5120, 65536), (6144, 1638
                          (2560, 65536))
 
 
+# a backward config's fields for rows read with plain loads (no tensor descriptors, no
+# prefetch, in the one-chunk form too) and no per-position dw sums: the pieces and the walks
+PLAIN_ROWS = dict(direct_prefetch=False, direct_tma_stages=0, prefetch=False, tma_stages=0, dw_2d=False)
+
+
 def bwd_tile_edits(hidden: int) -> dict:
     """{name: BwdConfig}: the backward's config at `hidden` ("entry": the table's, else the
     rule's), the row held as two pieces (configs.row_pieces; one row a tile, 8 or 16 warps,
@@ -1475,12 +1480,11 @@ def bwd_tile_edits(hidden: int) -> dict:
     out = {"entry": cur}
     b1, b2 = row_pieces(hidden)
     if b2 and b1 + b2 <= configs.BWD_MAX_TILE:
-        plain = dict(direct_prefetch=False, direct_tma_stages=0, prefetch=False, tma_stages=0, dw_2d=False)
         for nw, ls, ctas in itertools.product((8, 16), (0, 3), (2, 4)):
             if (b1 + b2) // (32 * nw) <= 24 and (nw, ctas) != (8, 4):
                 out[f"pieces bm1 w{nw} ls{ls} c{ctas}"] = cur.replace(
                     block_m=1, block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls, ctas_per_sm=ctas,
-                    min_rows_per_chunk=1, **plain)
+                    min_rows_per_chunk=1, **PLAIN_ROWS)
     if cur.col_tiles(hidden) == 1:
         out.update(walk_edits(hidden, cur))
     per_thread = t.block_m * t.block_n // (32 * t.num_warps)
@@ -1506,8 +1510,9 @@ def walk_edits(hidden: int, cur: BwdConfig) -> dict:
     """{name: BwdConfig}: cur's row walked in column tiles narrower than H (WALK_TILES; at
     most WALK_MAX_TILES tiles, at most WALK_MAX_MASKED of the walk's columns masked), as the
     table's walked widths run (plain loads, 16 rows a chunk at least, up to 256 chunks, 2
-    programs an SM), each also with its dw partial held in registers ("held": hold_dw). cur's small-T windows stay; a walk sums a row's c in another order than
-    cur's tile, so dx's bits differ from the entry's (the same at every T within a walk)."""
+    programs an SM), each also with its dw partial held in registers ("held": hold_dw).
+    cur's small-T windows stay; a walk sums a row's c in another order than cur's tile, so
+    dx's bits differ from the entry's (the same at every T within a walk)."""
     out = {}
     for bn, bm, nw in WALK_TILES:
         n = cdiv(hidden, bn)
@@ -1518,8 +1523,7 @@ def walk_edits(hidden: int, cur: BwdConfig) -> dict:
         for held in ((False, True) if bm == 1 else (False,)):
             out[f"walk n{bn} bm{bm} w{nw}{' held' if held else ''}"] = cur.replace(
                 block_m=bm, block_n=bn, block_n2=0, num_warps=nw, min_rows_per_chunk=max(16, bm), max_chunks=256,
-                rows_max_chunks=(), dw_2d=False, ctas_per_sm=2, prefetch=False, tma_stages=0, direct_prefetch=False,
-                direct_tma_stages=0, loop_stages=0, hold_dw=held)
+                rows_max_chunks=(), ctas_per_sm=2, loop_stages=0, hold_dw=held, **PLAIN_ROWS)
     return out
 
 
