@@ -83,8 +83,9 @@ def test_forward_rows_per_tile_sum_rows_alike():
     # bit for bit), the residual's held walks (plan.RESIDUAL_HOLD) among them, on or off
     out = compile_check("--rows")
     assert "forward H 6144 weight_fp32 gate first ['gate first bm1 (T 1)', 'gate first bm2 (T 1025)']: the same" in out
-    assert ("forward H 5120 weight_fp32 plain/residual ['plain bm2 (T 1)', 'residual bm2 (T 1)', "
-            "'residual bm2 held (T 1024)']: the same") in out
+    # H 5120's float32-weight entry holds from 1024 rows one row over 4 warps (FwdSchedule.held_tile)
+    assert ("forward H 5120 weight_fp32 plain/residual ['plain bm1 w4 held (T 1024)', 'plain bm2 (T 1)', "
+            "'residual bm1 w4 held (T 1024)', 'residual bm2 (T 1)']: the same") in out
     assert "one order of a row's sum at every row count" in out
 
 

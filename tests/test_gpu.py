@@ -193,6 +193,39 @@ def test_forward_rows_per_tile_same_bits(hidden, kind):
             assert_bits_equal(a, b, f"H {hidden} {kind} bm{bm} against bm{cfg.tile.block_m}, output {n}")
 
 
+def _held_tile_entries():
+    from trainnorm.configs import table
+    return [(e["hidden"], e["kind"]) for e in table.load("sm_90")["forward"]
+            if e["elt"] == 2 and e.get("schedule", {}).get("held_tile")]
+
+
+@pytest.mark.parametrize("hidden,kind", _held_tile_entries() or [pytest.param(0, "", marks=pytest.mark.skip(
+    reason="no forward entry has a held tile"))])
+def test_forward_held_tile_same_bits(hidden, kind):
+    # an entry's held tile (FwdSchedule.held_tile, from plan.RESIDUAL_HOLD_MIN_ROWS rows, its own
+    # rows and warps) sums a row as the entry's tile: over the same 8192 outlier rows it gives
+    # the bits of the entry without it (y, rstd; with a residual y, rstd, h), and the rows
+    # below the edge alone the bits they take in the held batch
+    from trainnorm import configs, plan
+    from trainnorm.configs import table
+    entry = next(e for e in table.load("sm_90")["forward"] if (e["hidden"], e["elt"], e["kind"]) == (hidden, 2, kind))
+    cfg = table.to_config("forward", entry)
+    case = make_case("outlier", (8192,), hidden, residual=True, seed=22, device="cuda",
+                     weight_dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+    edge = plan.RESIDUAL_HOLD_MIN_ROWS
+
+    def run(c, n=8192):
+        with configs.override(forward=lambda key, _: c if (key.hidden, key.kind) == (hidden, kind) else None):
+            return (*trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS)[:2],
+                    *trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS, residual=case.residual[:n]))
+    held = run(cfg)
+    names = ("y", "rstd", "y res", "rstd res", "h")
+    for a, b, n in zip(held, run(cfg.replace(held_tile=())), names):
+        assert_bits_equal(a, b, f"H {hidden} {kind} {n}: held tile {cfg.held_tile} against the tile's forms")
+    for a, b, n in zip(held, run(cfg, edge - 1), names):
+        assert_bits_equal(a[:edge - 1], b, f"H {hidden} {kind} {n}: rows below the edge alone and in the held batch")
+
+
 def test_cuda_graph_replay_bitwise():
     rows, hidden = 14928, 5120
     case = make_case("outlier", (rows,), hidden, weight_dtype=torch.float32, residual=True, seed=8, device="cuda")

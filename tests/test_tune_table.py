@@ -172,6 +172,18 @@ def test_rows_block_m_checked_and_stored():
     assert json.loads(json.dumps(entry)) == entry and tables.to_config("forward", entry) == cfg
 
 
+def test_held_tile_checked_and_stored():
+    base = FwdConfig.from_fields(block_m=2, block_n=1024, num_warps=8)
+    cfg = base.replace(held_tile=[1, 4])
+    assert cfg.held_tile == (1, 4) and base.held_tile == ()
+    for bad in ([1, 8], [2, 4], [1, 3], [1], [0, 4]):     # other warps a row, not powers of two
+        with pytest.raises(ValueError, match="held_tile"):
+            base.replace(held_tile=bad)
+    entry = tables.to_entry("forward", 5120, 2, "weight_fp32", cfg, ["n"])
+    assert entry["schedule"] == {"held_tile": [1, 4]}
+    assert json.loads(json.dumps(entry)) == entry and tables.to_config("forward", entry) == cfg
+
+
 def test_rows_max_chunks_checked_stored_and_chunked():
     base = BwdConfig.from_fields(block_m=2, block_n=4096, num_warps=16, min_rows_per_chunk=16, max_chunks=256)
     cfg = base.replace(rows_max_chunks=[[16384, 132]])

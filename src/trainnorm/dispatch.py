@@ -79,13 +79,14 @@ def _walk_hold(plan) -> dict:
     return {"HOLD_DW": True} if plan.col_tiles > 1 and plan.cfg.tile.hold_dw else {}
 
 
-def _weight_halves(plan, weight, hidden: int, nh: int, *views) -> int:
+def _weight_halves(plan, weight, hidden: int, nh: int, *views, **rows) -> int:
     """How many of the row's pieces read a float32 weight by halves (the plan's
     weight_halves, where the rows are read 16 bytes a thread: rows.loads_16_bytes); 0 for
-    any other weight, and without looking at the rows where the plan's form takes none."""
+    any other weight, and without looking at the rows where the plan's form takes none.
+    rows: the forward's row count (its warps a program can follow it: FwdSchedule.held_tile)."""
     if weight is None or weight.element_size() != 4:
         return 0
-    pieces = plan.weight_halves(True)
+    pieces = plan.weight_halves(True, **rows)
     return pieces if pieces and loads_16_bytes(hidden, nh, *views) else 0
 
 
@@ -116,9 +117,9 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
     h_out = h if residual is not None else None
-    w_halves = _weight_halves(plan, weight, hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh))
+    w_halves = _weight_halves(plan, weight, hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh), rows=rows)
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=cfg.num_warps, **FP_FUSION, **launch_options(x.device, forward=True))
+                  num_warps=plan.num_warps(rows), **FP_FUSION, **launch_options(x.device, forward=True))
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's

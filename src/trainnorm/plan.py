@@ -122,10 +122,18 @@ class ForwardPlan:
 
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
-        says (FwdSchedule.rows_block_m; the column layout, so the bits, never change)."""
+        says (FwdSchedule.rows_block_m, held_tile; the column layout, so the bits, never change)."""
+        if self.cfg.held_tile and self.holds(rows):
+            return self.cfg.held_tile[0]
         return self.cfg.tile_rows(rows)
 
-    def weight_halves(self, loads_16_bytes: bool) -> int:
+    def num_warps(self, rows: int) -> int:
+        """Warps a program over `rows` rows: the tile's, or FwdSchedule.held_tile's where held."""
+        if self.cfg.held_tile and self.holds(rows):
+            return self.cfg.held_tile[1]
+        return self.cfg.num_warps
+
+    def weight_halves(self, loads_16_bytes: bool, rows: int = 0) -> int:
         """How many of the row's pieces (the column tiles of a walked row count as one) read a
         float32 weight by halves with plain loads (common.weight_tile; the rule is halves_of's).
         Timing only: the same values in the same registers. H100, three probe runs
@@ -138,8 +146,10 @@ class ForwardPlan:
         (Triton 3.6), T 1-64: read 4 a thread the weight went through shared memory, 4-8 KB
         and 2-8 barriers more than a bf16 weight; by halves H 1024-4096 and 8192 take the
         bf16 weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps:
-        a row split over warps) are left as they are: 4 KB, 17 barriers against 5."""
-        return halves_of(self.cfg.block_n, self.cfg.block_n2 if self.one_tile else 0, self.cfg.num_warps,
+        a row split over warps) are left as they are: 4 KB, 17 barriers against 5; their held
+        tile with a residual (FwdSchedule.held_tile, one row over 4 warps, `rows` from
+        RESIDUAL_HOLD_MIN_ROWS) lays a row along its threads and reads it by halves, as timed."""
+        return halves_of(self.cfg.block_n, self.cfg.block_n2 if self.one_tile else 0, self.num_warps(rows),
                          loads_16_bytes)
 
 
@@ -166,6 +176,11 @@ class ForwardPlan:
 # 80-304 bytes. On by default: the GPU suite (tests/test_gpu.py::test_residual_equals_the_norm_of_h
 # among it) and verify (residual_is_h on every shape) passed with it on and off at c628deb
 # (H100; docs/reliability/gpu-runs.md); TRAINNORM_RESIDUAL_HOLD=0 in the environment turns it off.
+# An entry with a held tile of its own (FwdSchedule.held_tile: its rows and warps, the tile's
+# split of a row) holds from the same row count with and without a residual. H 5120's float32
+# weight, bm1 w4 held against the entry's bm2 w8 walks, no residual (H100 at dea9d71; the
+# entry's note has the residual rows), us: T 256 6.46 against 6.02, T1024 9.95 / 10.24, T4096
+# 30.69 / 33.10, T16384 115.79 / 117.62, T65536 446.85 / 450.18.
 RESIDUAL_HOLD = os.environ.get("TRAINNORM_RESIDUAL_HOLD", "1") != "0"
 RESIDUAL_HOLD_MIN_ROWS = 1024
 RESIDUAL_HOLD_MAX_ELEMS = 32
@@ -178,7 +193,7 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     col_tiles = cfg.col_tiles(hidden)
     unrolled = 1 < col_tiles <= FWD_COL_UNROLL_MAX
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
-    held = (unrolled and residual and not gated and RESIDUAL_HOLD
+    held = (unrolled and (residual or bool(cfg.held_tile)) and not gated and RESIDUAL_HOLD
             and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
     held_from = 0 if unrolled and cfg.hold_tiles else RESIDUAL_HOLD_MIN_ROWS if held else None
     return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, held_from)

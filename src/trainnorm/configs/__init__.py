@@ -208,8 +208,19 @@ class FwdSchedule:
     # with a residual and behind without one (dispatch.forward). Timing only: the same
     # products in the same order.
     residual_plain: bool = False
+    # (block_m, num_warps): from plan.RESIDUAL_HOLD_MIN_ROWS rows on, with and without a
+    # residual, a walked row's tiles held between its walks at this many rows over this many
+    # warps (plan.RESIDUAL_HOLD); (): held with a residual only, at the tile's. block_n is the
+    # tile's and so are the warps a row (FwdConfig checks), so a row's columns split over values,
+    # lanes and warps as in the tile and y with a residual keeps y of h's bits (compile_check
+    # --rows compares the compiled sums, the GPU suite the bits). Timing only.
+    held_tile: tuple = ()
 
     def __post_init__(self):
+        held = tuple(int(v) for v in self.held_tile)
+        object.__setattr__(self, "held_tile", held)
+        if held and (len(held) != 2 or any(v < 1 or v & (v - 1) for v in held)):
+            raise ValueError(f"held_tile must be () or (block_m, num_warps), powers of two, got {self.held_tile}")
         for name in ("weight_read", "gate_weight_read"):
             if getattr(self, name) not in WEIGHT_READS:
                 raise ValueError(f"{name} must be one of {WEIGHT_READS}, got {getattr(self, name)!r}")
@@ -225,6 +236,11 @@ class FwdConfig(_Parts):
         super().__post_init__()
         if self.tile.block_n2 and self.schedule.tma_stages:
             raise ValueError("a two-piece tile (block_n2) reads its rows with plain loads: no tensor descriptors")
+        if self.schedule.held_tile:
+            bm, nw = self.schedule.held_tile
+            if nw * self.tile.block_m != self.tile.num_warps * bm:
+                raise ValueError(f"held_tile {self.schedule.held_tile} must keep the tile's warps a row "
+                                 f"({self.tile.num_warps} over {self.tile.block_m} rows)")
 
     def col_tiles(self, hidden: int) -> int:
         return self.tile.col_tiles(hidden)

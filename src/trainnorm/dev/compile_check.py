@@ -629,7 +629,7 @@ ROWS_CHECK_GROUPS = {"gated": (("gate after",),),
 def check_forward_rows(target, entries=None) -> list[str]:
     """For every forward entry of the sm_90 table, the forms its plan launches as the row count
     grows (rows per tile by row count, FwdSchedule.rows_block_m; with a residual the held walks
-    of plan.RESIDUAL_HOLD, on or off), without and with a residual together (a float32-weight
+    of plan.RESIDUAL_HOLD, on or off, at FwdSchedule.held_tile's rows and warps), without and with a residual together (a float32-weight
     entry also under a gate, each order alone: ROWS_CHECK_GROUPS), compiled: a line for every
     group whose forms sum a row's columns in other orders (reduction_trees along the last axis;
     the sums over a tile's rows, which count the rows, are left out), i.e. where a row's y and
@@ -662,15 +662,16 @@ def check_forward_rows(target, entries=None) -> list[str]:
                             fp = plan_mod.forward_plan(hidden, torch.bfloat16, w_dt, variant, "sm_90",
                                                        residual=extra == "residual")
                         for n in counts:
-                            forms.setdefault((extra, fp.block_m(n), fp.holds(n)), (rule, n))
+                            forms.setdefault((extra, fp.block_m(n), fp.num_warps(n), fp.holds(n)), (rule, n))
                 if len(forms) == 1:
                     continue
                 trees = {}
-                for (extra, bm, held), (rule, n) in forms.items():
+                for (extra, bm, nw, held), (rule, n) in forms.items():
                     plan_mod.RESIDUAL_HOLD = rule
                     ops = _form_ops(target, _fwd_call(hidden, w_dt, extra, n), kernels, last_axis_only=True,
                                     **override)
-                    trees[f"{extra or 'plain'} bm{bm}{' held' if held else ''} (T {n})"] = \
+                    warps = f" w{nw}" if nw != cfg.num_warps else ""
+                    trees[f"{extra or 'plain'} bm{bm}{warps}{' held' if held else ''} (T {n})"] = \
                         {"reductions": ops["reductions"]}
             finally:
                 plan_mod.RESIDUAL_HOLD = saved
