@@ -278,7 +278,12 @@ class BwdTile:
     # chunk's rows and stored once, where it is otherwise added in place in the workspace
     # after every row tile (a load and a store of H x 8 bytes, and a barrier). The same
     # additions in the same order: timing only. The column-slice form unrolls its rows'
-    # second walk alike (a row's dx compiles to the same instructions at every T)
+    # second walk alike (a row's dx compiles to the same instructions at every T). No entry
+    # takes it: at H 5120 on an H100 (trainnorm.dev.tune --probe-bwd-tiles at dea9d71,
+    # docs/benchmarks/tune/h100-bwd-walk.txt) the fastest walk, 2048-column tiles of one row
+    # over 8 warps held, ran 0.665x / 0.713x the entry's one tile at T 16384 / 65536 (0.509x /
+    # 0.521x not held), 0.747x at T 4096; at H 6144 0.808x, H 5376 0.718x, H 2560 0.761x at
+    # T 65536; level at one row (1.006x)
     hold_dw: bool = False
 
     def __post_init__(self):

@@ -1734,7 +1734,9 @@ def probe_flush(run: Run, cases=FLUSH_PROBE_CASES, peers=FLUSH_PEERS, nbytes: in
 
 # the bench at 88c3c5a (H100, docs/benchmarks/h100-stack-h5120-88c3c5a): H5120 T16384's backward
 # read 201.79 us on the plain row and 189.25 on the 1+w row, the same launch but W_OFFSET, each
-# row's samples tight; torch-compile-maxat moved the other way (199.10 -> 205)
+# row's samples tight; torch-compile-maxat moved the other way (199.10 -> 205). At dea9d71 on
+# the H100 (docs/benchmarks/tune/h100-placement.txt) the time followed the copy of the data
+# (188.7-189.3 us on the first, 197.0-201.0 on the three others), not W_OFFSET (within 0.6%)
 PLACEMENT_PROBE_CASES = ((5120, 16384),)
 PLACEMENT_COPIES = 4
 
