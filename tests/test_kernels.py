@@ -781,7 +781,7 @@ def test_float32_weight_read_by_halves_is_the_plain_read(device, hidden, rows, r
     by_halves = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
     plain = plan.ForwardPlan.weight_halves
     try:
-        plan.ForwardPlan.weight_halves = lambda self, loads: 0
+        plan.ForwardPlan.weight_halves = lambda self, loads, rows=0: 0
         read_plainly = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
     finally:
         plan.ForwardPlan.weight_halves = plain
@@ -1022,6 +1022,10 @@ def test_forward_held_tile_takes_its_rows_and_warps_from_the_edge(device, use_co
             [(False, 2, 4), (True, 1, 2)]
         assert (fp.weight_halves(True, rows=edge - 1), fp.weight_halves(True, rows=edge)) == (0, 1)
     assert not plan.forward_plan(hidden, bf16, f32, Variant(gate="silu")).holds(edge)
+    use_configs(forward=cfg.replace(hold_tiles=True))      # held at every row count: the tile's own
+    fp = plan.forward_plan(hidden, bf16, f32, Variant(gate="silu"))
+    assert [(fp.holds(n), fp.block_m(n), fp.num_warps(n)) for n in (1, edge)] == [(True, 2, 4)] * 2
+    use_configs(forward=cfg)
     monkeypatch.setattr(plan, "RESIDUAL_HOLD", False)
     fp = plan.forward_plan(hidden, bf16, f32, Variant(), residual=True)
     assert (fp.holds(edge), fp.block_m(edge), fp.num_warps(edge)) == (False, 2, 4)

@@ -111,6 +111,9 @@ class ForwardPlan:
     # the column-tile form holds a row's tiles between its walks from this many rows on: 0
     # always (FwdSchedule.hold_tiles), RESIDUAL_HOLD_MIN_ROWS with a residual; None never
     held_from: int | None = None
+    # (block_m, num_warps) of the held walks from RESIDUAL_HOLD_MIN_ROWS rows (FwdSchedule.held_tile);
+    # (): the tile's (hold_tiles holds at the tile's own)
+    held_tile: tuple = ()
 
     @property
     def one_tile(self) -> bool:
@@ -123,14 +126,14 @@ class ForwardPlan:
     def block_m(self, rows: int) -> int:
         """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
         says (FwdSchedule.rows_block_m, held_tile; the column layout, so the bits, never change)."""
-        if self.cfg.held_tile and self.holds(rows):
-            return self.cfg.held_tile[0]
+        if self.held_tile and self.holds(rows):
+            return self.held_tile[0]
         return self.cfg.tile_rows(rows)
 
     def num_warps(self, rows: int) -> int:
         """Warps a program over `rows` rows: the tile's, or FwdSchedule.held_tile's where held."""
-        if self.cfg.held_tile and self.holds(rows):
-            return self.cfg.held_tile[1]
+        if self.held_tile and self.holds(rows):
+            return self.held_tile[1]
         return self.cfg.num_warps
 
     def weight_halves(self, loads_16_bytes: bool, rows: int = 0) -> int:
@@ -195,8 +198,10 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
     read = weight_read(cfg, col_tiles, gated, gate_after_16bit=key.kind == "gated" and elt < 4 and not gate_first)
     held = (unrolled and (residual or bool(cfg.held_tile)) and not gated and RESIDUAL_HOLD
             and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
-    held_from = 0 if unrolled and cfg.hold_tiles else RESIDUAL_HOLD_MIN_ROWS if held else None
-    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, held_from)
+    always = unrolled and cfg.hold_tiles
+    held_from = 0 if always else RESIDUAL_HOLD_MIN_ROWS if held else None
+    return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, held_from,
+                       cfg.held_tile if held and not always else ())
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:
