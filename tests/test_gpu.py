@@ -161,63 +161,63 @@ def test_batch_invariance(hidden):
             assert_bits_equal(a[lo:hi], b, f"{n} rows {lo}:{hi}")
 
 
-def _rows_entries():
+def _entries_with(field: str, what: str) -> list:
+    """(hidden, kind) of the sm_90 table's 16-bit forward entries whose schedule sets `field`
+    (a skipped case saying so where none does)."""
     from trainnorm.configs import table
-    return [(e["hidden"], e["kind"]) for e in table.load("sm_90")["forward"]
-            if e["elt"] == 2 and e.get("schedule", {}).get("rows_block_m")]
+    found = [(e["hidden"], e["kind"]) for e in table.load("sm_90")["forward"]
+             if e["elt"] == 2 and e.get("schedule", {}).get(field)]
+    return found or [pytest.param(0, "", marks=pytest.mark.skip(reason=f"no forward entry has {what}"))]
 
 
-@pytest.mark.parametrize("hidden,kind", _rows_entries() or [pytest.param(0, "", marks=pytest.mark.skip(
-    reason="no forward entry has rows per tile by row count"))])
+def _entry_case(hidden: int, kind: str, seed: int):
+    """The table's 16-bit forward entry of (hidden, kind) and 8192 outlier rows with a residual for it."""
+    from trainnorm.configs import table
+    entry = next(e for e in table.load("sm_90")["forward"] if (e["hidden"], e["elt"], e["kind"]) == (hidden, 2, kind))
+    case = make_case("outlier", (8192,), hidden, residual=True, seed=seed, device="cuda",
+                     weight_dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+    return table.to_config("forward", entry), case
+
+
+def _forward_under(cfg, hidden: int, kind: str, case, n: int | None = None):
+    """The forward of the case's first n rows with `cfg` for (hidden, kind): the gated forward's
+    outputs, else (y, rstd) without and (y, rstd, h) with the residual."""
+    from trainnorm import configs
+    x, r = case.x[:n], case.residual[:n]
+    with configs.override(forward=lambda key, _: cfg if (key.hidden, key.kind) == (hidden, kind) else None):
+        if kind == "gated":
+            return trainnorm.rms_norm_gated_forward(x, r, case.weight)
+        return (*trainnorm.rms_norm_forward(x, case.weight, EPS)[:2],
+                *trainnorm.rms_norm_forward(x, case.weight, EPS, residual=r))
+
+
+@pytest.mark.parametrize("hidden,kind", _entries_with("rows_block_m", "rows per tile by row count"))
 def test_forward_rows_per_tile_same_bits(hidden, kind):
     # every row count a forward entry takes (FwdSchedule.rows_block_m) sums a row in one order:
     # each forced over the same 8192 outlier rows gives the entry's own tile's bits (y, rstd,
     # h; with a residual and with a gate where the entry's kind has one)
-    from trainnorm import configs
-    from trainnorm.configs import table
-    entry = next(e for e in table.load("sm_90")["forward"] if (e["hidden"], e["elt"], e["kind"]) == (hidden, 2, kind))
-    cfg = table.to_config("forward", entry)
-    case = make_case("outlier", (8192,), hidden, residual=True, seed=21, device="cuda",
-                     weight_dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+    cfg, case = _entry_case(hidden, kind, seed=21)
 
     def run(bm):
-        forced = cfg.replace(block_m=bm, rows_block_m=())
-        with configs.override(forward=lambda key, c: forced if (key.hidden, key.kind) == (hidden, kind) else None):
-            if kind == "gated":
-                return trainnorm.rms_norm_gated_forward(case.x, case.residual, case.weight)
-            return (*trainnorm.rms_norm_forward(case.x, case.weight, EPS)[:2],
-                    *trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual))
+        return _forward_under(cfg.replace(block_m=bm, rows_block_m=()), hidden, kind, case)
     ref = run(cfg.tile.block_m)
     for _, bm in cfg.rows_block_m:
         for n, (a, b) in enumerate(zip(ref, run(bm))):
             assert_bits_equal(a, b, f"H {hidden} {kind} bm{bm} against bm{cfg.tile.block_m}, output {n}")
 
 
-def _held_tile_entries():
-    from trainnorm.configs import table
-    return [(e["hidden"], e["kind"]) for e in table.load("sm_90")["forward"]
-            if e["elt"] == 2 and e.get("schedule", {}).get("held_tile")]
-
-
-@pytest.mark.parametrize("hidden,kind", _held_tile_entries() or [pytest.param(0, "", marks=pytest.mark.skip(
-    reason="no forward entry has a held tile"))])
+@pytest.mark.parametrize("hidden,kind", _entries_with("held_tile", "a held tile"))
 def test_forward_held_tile_same_bits(hidden, kind):
     # an entry's held tile (FwdSchedule.held_tile, from plan.RESIDUAL_HOLD_MIN_ROWS rows, its own
     # rows and warps) sums a row as the entry's tile: over the same 8192 outlier rows it gives
     # the bits of the entry without it (y, rstd; with a residual y, rstd, h), and the rows
     # below the edge alone the bits they take in the held batch
-    from trainnorm import configs, plan
-    from trainnorm.configs import table
-    entry = next(e for e in table.load("sm_90")["forward"] if (e["hidden"], e["elt"], e["kind"]) == (hidden, 2, kind))
-    cfg = table.to_config("forward", entry)
-    case = make_case("outlier", (8192,), hidden, residual=True, seed=22, device="cuda",
-                     weight_dtype=torch.float32 if kind == "weight_fp32" else torch.bfloat16)
+    from trainnorm import plan
+    cfg, case = _entry_case(hidden, kind, seed=22)
     edge = plan.RESIDUAL_HOLD_MIN_ROWS
 
     def run(c, n=8192):
-        with configs.override(forward=lambda key, _: c if (key.hidden, key.kind) == (hidden, kind) else None):
-            return (*trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS)[:2],
-                    *trainnorm.rms_norm_forward(case.x[:n], case.weight, EPS, residual=case.residual[:n]))
+        return _forward_under(c, hidden, kind, case, n)
     held = run(cfg)
     names = ("y", "rstd", "y res", "rstd res", "h")
     for a, b, n in zip(held, run(cfg.replace(held_tile=())), names):

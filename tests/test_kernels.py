@@ -1005,46 +1005,51 @@ def test_forward_residual_holds_its_tiles(device, use_configs, monkeypatch, bloc
 def test_forward_held_tile_takes_its_rows_and_warps_from_the_edge(device, use_configs, monkeypatch):
     # FwdSchedule.held_tile: from RESIDUAL_HOLD_MIN_ROWS rows, with and without a residual, the
     # unrolled walks hold a row's tiles at the held tile's rows and warps (one row over 2 warps
-    # where the tile has two rows over 4: the same warps a row), reading a float32 weight by
-    # halves where a row then lays every thread along its columns; below the edge and under a
-    # gate the tile's walks. The same bits below and above the edge (y, rstd, h), y and rstd
-    # those of rms_norm(h, w), within the budget of FP64
-    hidden, edge = 1000, 12
+    # where the tile has two rows over 4: the same warps a row at 8 values a thread, compiled
+    # for sm_90 the same sums at H 1024) and read the weight when held_weight_read says, by
+    # halves where a row then lays every thread along its columns; below the edge, under a gate
+    # and where a thread reads fewer than 16 bytes of a row (H 1000: Triton lays a row of the
+    # two tiles otherwise) the tile's own. The same bits below and above the edge (y, rstd, h),
+    # y and rstd those of rms_norm(h, w), within the budget of FP64
+    edge = 12
     bf16, f32 = torch.bfloat16, torch.float32
     monkeypatch.setattr(plan, "RESIDUAL_HOLD", True)
     monkeypatch.setattr(plan, "RESIDUAL_HOLD_MIN_ROWS", edge)
-    cfg = fwd_config(hidden, bf16, f32).replace(block_m=2, block_n=512, num_warps=4, tma_stages=0,
-                                                hold_tiles=False, held_tile=(1, 2))
+    cfg = fwd_config(1024, bf16, f32).replace(block_m=2, block_n=512, num_warps=4, tma_stages=0, hold_tiles=False,
+                                              weight_read="rows", held_tile=(1, 2), held_weight_read="late")
     use_configs(forward=cfg)
     for residual in (False, True):
-        fp = plan.forward_plan(hidden, bf16, f32, Variant(), residual=residual)
-        assert [(fp.holds(n), fp.block_m(n), fp.num_warps(n)) for n in (edge - 1, edge)] == \
-            [(False, 2, 4), (True, 1, 2)]
+        fp = plan.forward_plan(1024, bf16, f32, Variant(), residual=residual)
+        assert [fp.tile_at(n) for n in (edge - 1, edge)] == [(2, 4, "rows"), (1, 2, "late")]
+        assert fp.tile_at(edge, loads_16_bytes=False) == (2, 4, "rows") and fp.holds(edge)
         assert (fp.weight_halves(True, rows=edge - 1), fp.weight_halves(True, rows=edge)) == (0, 1)
-    assert not plan.forward_plan(hidden, bf16, f32, Variant(gate="silu")).holds(edge)
+    assert not plan.forward_plan(1024, bf16, f32, Variant(gate="silu")).holds(edge)
     use_configs(forward=cfg.replace(hold_tiles=True))      # held at every row count: the tile's own
-    fp = plan.forward_plan(hidden, bf16, f32, Variant(gate="silu"))
-    assert [(fp.holds(n), fp.block_m(n), fp.num_warps(n)) for n in (1, edge)] == [(True, 2, 4)] * 2
+    fp = plan.forward_plan(1024, bf16, f32, Variant(gate="silu"))
+    assert [(fp.holds(n), fp.tile_at(n)) for n in (1, edge)] == [(True, (2, 4, fp.weight))] * 2
     use_configs(forward=cfg)
     monkeypatch.setattr(plan, "RESIDUAL_HOLD", False)
-    fp = plan.forward_plan(hidden, bf16, f32, Variant(), residual=True)
-    assert (fp.holds(edge), fp.block_m(edge), fp.num_warps(edge)) == (False, 2, 4)
+    fp = plan.forward_plan(1024, bf16, f32, Variant(), residual=True)
+    assert (fp.holds(edge), fp.tile_at(edge)) == (False, (2, 4, "rows"))
     monkeypatch.setattr(plan, "RESIDUAL_HOLD", True)
-    case = make_case("outlier", (23,), hidden, residual=True, weight_dtype=f32, seed=5, device=device)
-    held = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
-    below = trainnorm.rms_norm_forward(case.x[:edge - 1], case.weight, EPS, residual=case.residual[:edge - 1])
-    for a, b, n in zip(held, below, ("y", "rstd", "h")):
-        assert_bits_equal(a[:edge - 1], b, f"{n}: rows below the edge alone and in a held batch")
-    plain = trainnorm.rms_norm_forward(held[2], case.weight, EPS)
-    for a, b, n in zip(held, plain[:2], ("y", "rstd")):
-        assert_bits_equal(a, b, f"{n}: with the residual, held, against the norm of h")
-    for a, b, n in zip(plain, trainnorm.rms_norm_forward(held[2][:edge - 1], case.weight, EPS), ("y", "rstd")):
-        assert_bits_equal(a[:edge - 1], b, f"{n}: no residual, rows below the edge alone and in a held batch")
-    check_forward(case.x, case.weight, EPS, case.residual, *held)
+    for hidden in (1024, 1000):
+        case = make_case("outlier", (23,), hidden, residual=True, weight_dtype=f32, seed=5, device=device)
+        held = trainnorm.rms_norm_forward(case.x, case.weight, EPS, residual=case.residual)
+        below = trainnorm.rms_norm_forward(case.x[:edge - 1], case.weight, EPS, residual=case.residual[:edge - 1])
+        for a, b, n in zip(held, below, ("y", "rstd", "h")):
+            assert_bits_equal(a[:edge - 1], b, f"H {hidden} {n}: rows below the edge alone and in a held batch")
+        plain = trainnorm.rms_norm_forward(held[2], case.weight, EPS)
+        for a, b, n in zip(held, plain[:2], ("y", "rstd")):
+            assert_bits_equal(a, b, f"H {hidden} {n}: with the residual, held, against the norm of h")
+        for a, b, n in zip(plain, trainnorm.rms_norm_forward(held[2][:edge - 1], case.weight, EPS), ("y", "rstd")):
+            assert_bits_equal(a[:edge - 1], b, f"H {hidden} {n}: no residual, rows below the edge alone and held")
+        check_forward(case.x, case.weight, EPS, case.residual, *held)
     with pytest.raises(ValueError, match="held_tile"):
         cfg.replace(held_tile=(1, 4))           # 4 warps a row where the tile has 2
     with pytest.raises(ValueError, match="held_tile"):
         cfg.replace(held_tile=(1, 3))
+    with pytest.raises(ValueError, match="held_weight_read"):
+        cfg.replace(held_weight_read="sometimes")
 
 
 @pytest.mark.parametrize("hidden,pieces", [(100, False), (96, True)])

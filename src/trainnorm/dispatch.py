@@ -114,12 +114,14 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
     plan = forward_plan(hidden, x.dtype, weight.dtype if weight is not None else None, variant, arch_of(x.device),
                         residual=residual is not None)
     cfg = plan.cfg
-    block_m = plan.block_m(rows)
     nh, ((xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)) = row_views(x, residual, gate)
+    views = (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh)
+    # a held tile of its own splits a row as the tile does only where a thread reads 16 bytes of it
+    block_m, num_warps, weight_at = plan.tile_at(rows, not plan.held_tile or loads_16_bytes(hidden, nh, *views))
     h_out = h if residual is not None else None
-    w_halves = _weight_halves(plan, weight, hidden, nh, (xv, sxt, sxh), (rv, srt, srh), (zv, szt, szh), rows=rows)
+    w_halves = _weight_halves(plan, weight, hidden, nh, *views, rows=rows)
     common = dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n, TWO_LEVEL=nh > 1, **variant.constexprs(),
-                  num_warps=plan.num_warps(rows), **FP_FUSION, **launch_options(x.device, forward=True))
+                  num_warps=num_warps, **FP_FUSION, **launch_options(x.device, forward=True))
     with device_guard(x):
         if plan.one_tile:
             # a float32 residual stream beside 16-bit x: plain loads (the backward's
@@ -153,7 +155,7 @@ def forward(x, weight, residual, gate, eps, variant: Variant):
             fwd_col_tiles_kernel[(cdiv(rows, block_m),)](
                 xv, rv, zv, weight, y, h_out, rstd, rows, hidden, nh, sxt, sxh, srt, srh, szt, szh,
                 eps, COL_TILES=plan.col_tiles, COL_UNROLL=plan.col_unroll, HOLD=plan.holds(rows),
-                WEIGHT=plan.weight, W_HALVES=w_halves, **common)
+                WEIGHT=weight_at, W_HALVES=w_halves, **common)
     return y, rstd, h
 
 

@@ -114,6 +114,7 @@ class ForwardPlan:
     # (block_m, num_warps) of the held walks from RESIDUAL_HOLD_MIN_ROWS rows (FwdSchedule.held_tile);
     # (): the tile's (hold_tiles holds at the tile's own)
     held_tile: tuple = ()
+    held_weight: str = ""    # when the held tile's programs read the weight ("": `weight`)
 
     @property
     def one_tile(self) -> bool:
@@ -123,18 +124,26 @@ class ForwardPlan:
         """Whether the column-tile form holds a row's tiles between its walks over `rows` rows."""
         return self.held_from is not None and rows >= self.held_from
 
+    def tile_at(self, rows: int, loads_16_bytes: bool = True) -> tuple[int, int, str]:
+        """(rows a tile, warps, weight read) of a launch over `rows` rows: the tile's, its rows
+        by row count (FwdSchedule.rows_block_m), or where held from RESIDUAL_HOLD_MIN_ROWS the
+        held tile's (FwdSchedule.held_tile, held_weight_read). The held tile splits a row over
+        values, lanes and warps as the tile does where a thread reads 16 bytes of a row
+        (compile_check --rows; rows.loads_16_bytes); where it reads fewer, Triton lays the two
+        tiles' rows otherwise (a row over all of a tile's warps: compiled for sm_90 at H 1000),
+        and the tile's own rows and warps keep the bits. The column layout, so the bits, never
+        change with the row count."""
+        if self.held_tile and loads_16_bytes and self.holds(rows):
+            return self.held_tile[0], self.held_tile[1], self.held_weight or self.weight
+        return self.cfg.tile_rows(rows), self.cfg.num_warps, self.weight
+
     def block_m(self, rows: int) -> int:
-        """Rows per tile over `rows` rows: the tile's, or fewer or more where the schedule
-        says (FwdSchedule.rows_block_m, held_tile; the column layout, so the bits, never change)."""
-        if self.held_tile and self.holds(rows):
-            return self.held_tile[0]
-        return self.cfg.tile_rows(rows)
+        """Rows per tile over `rows` rows of 16-byte loads (tile_at)."""
+        return self.tile_at(rows)[0]
 
     def num_warps(self, rows: int) -> int:
-        """Warps a program over `rows` rows: the tile's, or FwdSchedule.held_tile's where held."""
-        if self.held_tile and self.holds(rows):
-            return self.held_tile[1]
-        return self.cfg.num_warps
+        """Warps a program over `rows` rows of 16-byte loads (tile_at)."""
+        return self.tile_at(rows)[1]
 
     def weight_halves(self, loads_16_bytes: bool, rows: int = 0) -> int:
         """How many of the row's pieces (the column tiles of a walked row count as one) read a
@@ -200,8 +209,9 @@ def _forward_plan(hidden: int, elt: int, weight_elt: int | None, gated: bool, ga
             and col_tiles * cfg.block_n <= RESIDUAL_HOLD_MAX_ELEMS * 32 * cfg.num_warps)
     always = unrolled and cfg.hold_tiles
     held_from = 0 if always else RESIDUAL_HOLD_MIN_ROWS if held else None
+    own = held and not always and bool(cfg.held_tile)
     return ForwardPlan(cfg, col_tiles, read, col_tiles if unrolled else 1, held_from,
-                       cfg.held_tile if held and not always else ())
+                       cfg.held_tile if own else (), cfg.held_weight_read if own else "")
 
 
 def weight_read(cfg: FwdConfig, col_tiles: int, gated: bool = False, gate_after_16bit: bool = False) -> str:

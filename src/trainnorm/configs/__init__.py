@@ -215,13 +215,15 @@ class FwdSchedule:
     # lanes and warps as in the tile and y with a residual keeps y of h's bits (compile_check
     # --rows compares the compiled sums, the GPU suite the bits). Timing only.
     held_tile: tuple = ()
+    # when the held tile's programs read the weight (as weight_read; "": weight_read's). Timing only
+    held_weight_read: str = ""
 
     def __post_init__(self):
         held = tuple(int(v) for v in self.held_tile)
         object.__setattr__(self, "held_tile", held)
         if held and (len(held) != 2 or any(v < 1 or v & (v - 1) for v in held)):
             raise ValueError(f"held_tile must be () or (block_m, num_warps), powers of two, got {self.held_tile}")
-        for name in ("weight_read", "gate_weight_read"):
+        for name in ("weight_read", "gate_weight_read", "held_weight_read"):
             if getattr(self, name) not in WEIGHT_READS:
                 raise ValueError(f"{name} must be one of {WEIGHT_READS}, got {getattr(self, name)!r}")
         _row_windows(self, "rows_block_m", "block_m", power_of_two=True)

@@ -608,7 +608,7 @@ def check_load_forms(target, widths=LOAD_FORM_WIDTHS, rows=16384) -> list[str]:
         for extra in ("", "residual", "gate after", "gate first"):
             call = _fwd_call(hidden, w_dt, extra, rows)
             ops = {f"held {hold}": _form_ops(target, call, ("fwd_col_tiles_kernel",),
-                                             forward=lambda key, c, hold=hold: c.replace(hold_tiles=hold)
+                                             forward=lambda key, c, hold=hold: c.replace(hold_tiles=hold, held_tile=())
                                              if key.hidden == hidden else None)
                    for hold in (False, True)}
             bad += _differing(f"forward H {hidden}, weight {w_dt}, {extra or 'plain'}: column tiles held or read "
