@@ -159,8 +159,8 @@ class ForwardPlan:
         and 2-8 barriers more than a bf16 weight; by halves H 1024-4096 and 8192 take the
         bf16 weight's 16-64 bytes and barriers. H 5120's walked tiles (1024 columns, 8 warps:
         a row split over warps) are left as they are: 4 KB, 17 barriers against 5; their held
-        tile with a residual (FwdSchedule.held_tile, one row over 4 warps, `rows` from
-        RESIDUAL_HOLD_MIN_ROWS) lays a row along its threads and reads it by halves, as timed."""
+        tile (FwdSchedule.held_tile, one row over 4 warps over `rows` from RESIDUAL_HOLD_MIN_ROWS,
+        with and without a residual) lays a row along its threads and reads it by halves, as timed."""
         return halves_of(self.cfg.block_n, self.cfg.block_n2 if self.one_tile else 0, self.num_warps(rows),
                          loads_16_bytes)
 
