@@ -425,6 +425,15 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
     cands = tune.gated_backward_edits(2304)
     assert (cands["rule"].block_m, cands["rule"].num_warps) == (1, 16)
     assert (cands["plain tile"].block_m, cands["plain tile"].num_warps) == (2, 16) and "bm/2" not in cands
+    # a rule holding one masked row (H 5120 in 8192 columns) is timed against the row as two
+    # unmasked pieces, read plainly; a width its tile holds exactly (4096) has no pieces
+    cands = tune.gated_backward_edits(5120)
+    pieces = {k: v for k, v in cands.items() if k.startswith("pieces")}
+    assert cands["rule"].block_n == 8192 and len(pieces) == 3
+    for cfg in pieces.values():
+        assert (cfg.block_m, cfg.block_n, cfg.block_n2, cfg.tma_stages) == (1, 4096, 1024, 0)
+        assert cfg.col_tiles(5120) == 1
+    assert not any(k.startswith("pieces") for k in tune.gated_backward_edits(4096))
     assert not (tmp_path / "sm_90.json").exists()
 
 

@@ -1258,8 +1258,12 @@ def probe_gated_forward(run: Run, cases=GATED_PROBE_CASES) -> None:
 def gated_backward_edits(hidden: int) -> dict:
     """{name: BwdConfig} of the gated backward: the config its key gets ("rule": the table's
     gated entry, else configs.gated_from_plain of the plain one), the plain tile it comes
-    from (its rows and warps), and single edits of the rule (warps, rows per tile, both
-    halved, the loads)."""
+    from (its rows and warps), single edits of the rule (warps, rows per tile, both
+    halved, the loads), and where the rule holds one masked row (H 5120's 8192 columns) the
+    row as two pieces (8 warps pipelined 3 deep or not, 16 warps 3 deep): under Triton 3.6
+    (sm_90) the rule's one-row 8192-column gated tile at 16 warps spills 256-296 bytes a
+    thread at H 5120 and 6144; the pieces at 8 warps none at H 5120 (4096 + 1024, 245-247
+    registers) and 48 bytes at H 6144, at 16 warps 16-20 bytes at both."""
     rule = configs.backward_config(configs.backward_key(hidden, ELT, gated=True))
     plain = configs.backward_config(configs.backward_key(hidden, ELT))
     t, sch = rule.tile, rule.schedule
@@ -1275,6 +1279,11 @@ def gated_backward_edits(hidden: int) -> dict:
                          ("tma4", 0 < sch.tma_stages < 4, dict(tma_stages=4))):
         if ok:
             out[name] = rule.replace(**kw)
+    b1, b2 = row_pieces(hidden)
+    if b2 and t.block_m == 1 and t.block_n > b1 + b2:
+        for nw, ls in ((8, 3), (8, 0), (16, 3)):
+            out[f"pieces w{nw} ls{ls}"] = rule.replace(block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls,
+                                                       min_rows_per_chunk=1, **PLAIN_ROWS)
     return out
 
 
