@@ -434,6 +434,12 @@ def test_probe_defaults_times_the_rules_and_their_edits(tmp_path, monkeypatch, d
         assert (cfg.block_m, cfg.block_n, cfg.block_n2, cfg.tma_stages) == (1, 4096, 1024, 0)
         assert cfg.col_tiles(5120) == 1
     assert not any(k.startswith("pieces") for k in tune.gated_backward_edits(4096))
+    # one tile wider than 4096 columns: the row walked in 2048-column tiles too, one row a tile
+    for hidden in (5120, 8192):
+        walks = {k: v for k, v in tune.gated_backward_edits(hidden).items() if k.startswith("walk")}
+        assert len(walks) == 4 and all(v.block_n == 2048 and v.block_m == 1 for v in walks.values()), hidden
+        assert {v.hold_dw for v in walks.values()} == {False, True}
+    assert not any(k.startswith("walk") for k in tune.gated_backward_edits(4096))
     assert not (tmp_path / "sm_90.json").exists()
 
 

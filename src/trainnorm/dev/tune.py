@@ -1263,7 +1263,9 @@ def gated_backward_edits(hidden: int) -> dict:
     row as two pieces (8 warps pipelined 3 deep or not, 16 warps 3 deep): under Triton 3.6
     (sm_90) the rule's one-row 8192-column gated tile at 16 warps spills 256-296 bytes a
     thread at H 5120 and 6144; the pieces at 8 warps none at H 5120 (4096 + 1024, 245-247
-    registers) and 48 bytes at H 6144, at 16 warps 16-20 bytes at both."""
+    registers) and 48 bytes at H 6144, at 16 warps 16-20 bytes at both. Where that one tile
+    is wider than 4096 columns (H 4097-8192; H 8192 spills as much with no piece to take) the
+    row walked in 2048-column tiles too (walk_edits)."""
     rule = configs.backward_config(configs.backward_key(hidden, ELT, gated=True))
     plain = configs.backward_config(configs.backward_key(hidden, ELT))
     t, sch = rule.tile, rule.schedule
@@ -1284,6 +1286,8 @@ def gated_backward_edits(hidden: int) -> dict:
         for nw, ls in ((8, 3), (8, 0), (16, 3)):
             out[f"pieces w{nw} ls{ls}"] = rule.replace(block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls,
                                                        min_rows_per_chunk=1, **PLAIN_ROWS)
+    if t.block_m == 1 and t.block_n > 4096 and cdiv(hidden, t.block_n) == 1:
+        out.update({k: v for k, v in walk_edits(hidden, rule).items() if k.startswith("walk n2048 bm1")})
     return out
 
 
