@@ -1259,13 +1259,11 @@ def gated_backward_edits(hidden: int) -> dict:
     """{name: BwdConfig} of the gated backward: the config its key gets ("rule": the table's
     gated entry, else configs.gated_from_plain of the plain one), the plain tile it comes
     from (its rows and warps), single edits of the rule (warps, rows per tile, both
-    halved, the loads), and where the rule holds one masked row (H 5120's 8192 columns) the
-    row as two pieces (8 warps pipelined 3 deep or not, 16 warps 3 deep): under Triton 3.6
-    (sm_90) the rule's one-row 8192-column gated tile at 16 warps spills 256-296 bytes a
-    thread at H 5120 and 6144; the pieces at 8 warps none at H 5120 (4096 + 1024, 245-247
-    registers) and 48 bytes at H 6144, at 16 warps 16-20 bytes at both. Where that one tile
-    is wider than 4096 columns (H 4097-8192; H 8192 spills as much with no piece to take) the
-    row walked in 2048-column tiles too (walk_edits)."""
+    halved, the loads); where the rule holds one masked row (H 5120's 8192 columns) the row
+    as two pieces (8 warps pipelined 3 deep or not, 16 warps 3 deep), and where that one
+    tile is wider than 4096 columns the row walked in 2048-column tiles, one row a tile
+    (walk_edits): the rule's tile there spills 220-296 bytes a thread on sm_90, these forms
+    little or none (docs/benchmarks/tune/sm90-regs-gated-wide-bwd.txt)."""
     rule = configs.backward_config(configs.backward_key(hidden, ELT, gated=True))
     plain = configs.backward_config(configs.backward_key(hidden, ELT))
     t, sch = rule.tile, rule.schedule
@@ -1284,10 +1282,9 @@ def gated_backward_edits(hidden: int) -> dict:
     b1, b2 = row_pieces(hidden)
     if b2 and t.block_m == 1 and t.block_n > b1 + b2:
         for nw, ls in ((8, 3), (8, 0), (16, 3)):
-            out[f"pieces w{nw} ls{ls}"] = rule.replace(block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls,
-                                                       min_rows_per_chunk=1, **PLAIN_ROWS)
-    if t.block_m == 1 and t.block_n > 4096 and cdiv(hidden, t.block_n) == 1:
-        out.update({k: v for k, v in walk_edits(hidden, rule).items() if k.startswith("walk n2048 bm1")})
+            out[f"pieces w{nw} ls{ls}"] = pieces_edit(rule, hidden, nw, ls)
+    if t.block_m == 1 and t.block_n > 4096 and rule.col_tiles(hidden) == 1:
+        out.update({k: v for k, v in walk_edits(hidden, rule).items() if (v.block_n, v.block_m) == (2048, 1)})
     return out
 
 
@@ -1479,6 +1476,14 @@ BWD_TILES_PROBE_CASES = ((5120, 4096), (5120, 16384), (5120, 65536), (6144, 1638
 PLAIN_ROWS = dict(direct_prefetch=False, direct_tma_stages=0, prefetch=False, tma_stages=0, dw_2d=False)
 
 
+def pieces_edit(cfg: BwdConfig, hidden: int, num_warps: int, loop_stages: int, **fields) -> BwdConfig:
+    """cfg with one row a tile held as configs.row_pieces(hidden), read plainly (the row
+    loop pipelined loop_stages deep), one row the least a chunk."""
+    b1, b2 = row_pieces(hidden)
+    return cfg.replace(block_m=1, block_n=b1, block_n2=b2, num_warps=num_warps, loop_stages=loop_stages,
+                       min_rows_per_chunk=1, **PLAIN_ROWS, **fields)
+
+
 def bwd_tile_edits(hidden: int) -> dict:
     """{name: BwdConfig}: the backward's config at `hidden` ("entry": the table's, else the
     rule's), the row held as two pieces (configs.row_pieces; one row a tile, 8 or 16 warps,
@@ -1495,9 +1500,7 @@ def bwd_tile_edits(hidden: int) -> dict:
     if b2 and b1 + b2 <= configs.BWD_MAX_TILE:
         for nw, ls, ctas in itertools.product((8, 16), (0, 3), (2, 4)):
             if (b1 + b2) // (32 * nw) <= 24 and (nw, ctas) != (8, 4):
-                out[f"pieces bm1 w{nw} ls{ls} c{ctas}"] = cur.replace(
-                    block_m=1, block_n=b1, block_n2=b2, num_warps=nw, loop_stages=ls, ctas_per_sm=ctas,
-                    min_rows_per_chunk=1, **PLAIN_ROWS)
+                out[f"pieces bm1 w{nw} ls{ls} c{ctas}"] = pieces_edit(cur, hidden, nw, ls, ctas_per_sm=ctas)
     if cur.col_tiles(hidden) == 1:
         out.update(walk_edits(hidden, cur))
     per_thread = t.block_m * t.block_n // (32 * t.num_warps)
