@@ -132,6 +132,27 @@ def test_held_dw_walk_compiles_a_row_alike_at_every_T():
     assert out == ["bf16 held 0", "bf16 mixed 1", "bf16 residual held 0", "bf16 residual mixed 1"], out
 
 
+def test_dealt_rows_compile_a_row_alike():
+    # configs.BwdTile.deal_rows moves where a chunk's row tiles start and how far apart they
+    # are, nothing a row computes: at H 5120 (one 8192-column tile, descriptor loads) and
+    # walked in 2048-column tiles, bf16 and with a residual, the dealt form's float32
+    # instructions a row and its sums are the chunked form's at T 4096
+    code = ("from triton.backends.compiler import GPUTarget\n"
+            "from trainnorm.dev import compile_check as cc, tune\n"
+            "t = GPUTarget('cuda', 90, 32)\n"
+            "k = ('bwd_one_tile_kernel', 'bwd_col_tiles_kernel')\n"
+            "e = tune.bwd_tile_edits(5120)\n"
+            "for name in ('entry', 'walk n2048 bm1 w16'):\n"
+            "    for case in (cc.PLANNED_SETS[0], cc.PLANNED_SETS[2]):\n"
+            "        ops = {d: cc._form_ops(t, cc._bwd_call(4096, 5120, case), k, per_row=True,\n"
+            "                               backward=tune.only(5120, 'plain', e[name].replace(deal_rows=d)))\n"
+            "               for d in (False, True)}\n"
+            "        print(name, case[0], len(cc._differing('', ops, keep=cc.dx_op)))\n")
+    out = compiled("-c", code).splitlines()
+    assert out == ["entry bf16 0", "entry bf16 residual 0", "walk n2048 bm1 w16 bf16 0",
+                   "walk n2048 bm1 w16 bf16 residual 0"], out
+
+
 def test_ptx_digest_ignores_debug_information_only():
     from trainnorm.dev.compile_check import ptx_digest
     body = ".visible .entry k(\n)\n{\n\tld.global.b32 %r1, [%rd1];\n\tst.global.b32 [%rd2], %r1;\n}\n"

@@ -126,6 +126,61 @@ def test_wide_rows_held_dw_same_bits(device, residual, gate):
                 assert_bits_equal(a, b, f"T {rows} det {det}: held dw against in place")
 
 
+DEAL_FORMS = {   # name: (hidden, config overrides, the plan's dw form)
+    "plain loads": (256, dict(tma_stages=0, prefetch=False), DwForm.PARTIAL),
+    "prefetch": (256, dict(tma_stages=0, prefetch=True), DwForm.PARTIAL),
+    "descriptors": (256, dict(tma_stages=3, prefetch=False), DwForm.PARTIAL),
+    "dw_2d": (256, dict(tma_stages=0, prefetch=False, dw_2d=True), DwForm.PARTIAL),
+    "walked": (200, dict(block_n=64, tma_stages=0, prefetch=False), DwForm.PARTIAL),
+    "column slices": (256, dict(tma_stages=0, prefetch=False, slices_max_rows=400), DwForm.COL_SLICES),
+}
+
+
+@pytest.mark.parametrize("form", list(DEAL_FORMS))
+def test_dealt_rows(device, form):
+    # configs.BwdTile.deal_rows: the rows dealt to the chunks a row tile at a time. Each
+    # chunk's float64 partial of dw (read back from the workspace) is the sum over its own
+    # tiles, every num_chunks-th, and not over a run of rows; dx (and dw from column slices)
+    # is the chunked form's bit for bit; dw is within the budget, and its bits follow neither
+    # the SM count nor, from partials, the call
+    hidden, over, form_dw = DEAL_FORMS[form]
+    rows, block_m = 301, 4
+    base = bwd_config(hidden).replace(block_m=block_m, min_rows_per_chunk=block_m, max_chunks=8, rows_max_chunks=(),
+                                      direct_max_rows=0, **{"slices_max_rows": 0, "dw_2d": False, **over})
+    dealt = base.replace(deal_rows=True)
+    case = make_case("outlier", (rows,), hidden, seed=11, device=device)
+    y, rstd, h = trainnorm.rms_norm_forward(case.x, case.weight, EPS)
+
+    def run(cfg, det=True, sms=None):
+        with configs.override(backward=cfg), (simulate_sm_count(sms) if sms else contextlib.nullcontext()):
+            p = bwd_plan(rows, hidden, deterministic=det)
+            ws = torch.zeros(max(p.workspace_bytes, 1), dtype=torch.uint8, device=device)
+            out = trainnorm.rms_norm_backward(case.dy, h, case.weight, rstd, deterministic=det, workspace=ws)
+        return p, out, ws
+
+    p0, chunked, _ = run(base)
+    p1, out, ws = run(dealt)
+    assert (p0.dealt, p1.dealt, p1.dw, p1.num_chunks, p1.rows_per_chunk) == (False, True, form_dw, 8, 40)
+    check_backward(case.dy, h, case.weight, rstd, None, *out)
+    assert_bits_equal(out[0], chunked[0], f"{form}: dx dealt vs chunked")
+    for det, sms in ((True, 1), (True, 3), (True, 264), (False, 264)):
+        again = run(dealt, det, sms)[1]
+        assert_bits_equal(out[0], again[0], f"{form}: dx det={det} sms={sms}")
+        if det:
+            assert_bits_equal(out[1], again[1], f"{form}: dw sms={sms}")
+    if form_dw is DwForm.COL_SLICES:
+        assert_bits_equal(out[1], chunked[1], f"{form}: dw by column slices")
+        return
+    terms = case.dy.double() * h.double() * rstd.reshape(-1, 1).double()
+    tiles = torch.arange(rows, device=device) // block_m
+    partial = ws[:p1.workspace_bytes].view(torch.float64).view(8, hidden)
+    for c in range(8):
+        mine = terms[tiles % 8 == c].sum(0)
+        run_ = terms[c * 40:(c + 1) * 40].sum(0)
+        assert torch.allclose(partial[c], mine, rtol=1e-12, atol=1e-12 * mine.abs().max().item()), f"chunk {c}"
+        assert not torch.allclose(partial[c], run_, rtol=1e-3), f"chunk {c}: a run of rows"
+
+
 def test_weight_none(device):
     case = make_case("normal", (20,), 1536, seed=1, device=device)
     case.weight = None

@@ -79,6 +79,12 @@ def _walk_hold(plan) -> dict:
     return {"HOLD_DW": True} if plan.col_tiles > 1 and plan.cfg.tile.hold_dw else {}
 
 
+def _dealt(plan) -> dict:
+    """DEAL_ROWS where the plan deals its rows to the chunks (BackwardPlan.dealt); nothing
+    otherwise (the launch as before the field)."""
+    return {"DEAL_ROWS": True} if plan.dealt else {}
+
+
 def _weight_halves(plan, weight, hidden: int, nh: int, *views, **rows) -> int:
     """How many of the row's pieces read a float32 weight by halves (the plan's
     weight_halves, where the rows are read 16 bytes a thread: rows.loads_16_bytes); 0 for
@@ -249,15 +255,15 @@ def backward(dy, h, weight, rstd, dh, gate, variant: Variant, deterministic, nee
             bwd_col_slices_kernel[grid](*tensors, dw, desc_dy, desc_h, *sizes, row_programs, slice_start,
                                         BLOCK_N2=cfg.block_n2,
                                         COL_TILES=plan.col_tiles, DW_BM=cfg.slice_block_m, DW_BN=cfg.slice_block_n,
-                                        DW_STAGES=cfg.slice_stages or None, **_walk_hold(plan),
+                                        DW_STAGES=cfg.slice_stages or None, **_walk_hold(plan), **_dealt(plan),
                                         **loads, **common)
         elif plan.col_tiles == 1:
             bwd_one_tile_kernel[grid](*tensors, dw if need_dw else None, partial, counter, desc_dy, desc_h, *sizes,
                                       BLOCK_N2=cfg.block_n2, DW_FORM=plan.dw.value, DW_2D=cfg.dw_2d,
-                                      W_HALVES=w_halves, **loads, **common)
+                                      W_HALVES=w_halves, **_dealt(plan), **loads, **common)
         else:
             bwd_col_tiles_kernel[grid](*tensors, partial, *sizes, COL_TILES=plan.col_tiles, **_walk_hold(plan),
-                                       **common)
+                                       **_dealt(plan), **common)
         if plan.dw is DwForm.PARTIAL:
             comb = combine_config(hidden)
             dw_combine_kernel[(cdiv(hidden, comb.block_n),)](

@@ -311,6 +311,12 @@ class BackwardPlan:
             return self.hidden * 8 + 8                      # float64 accumulator + ticket counter
         return 0
 
+    @property
+    def dealt(self) -> bool:
+        """Rows dealt to the chunks a tile at a time (configs.BwdTile.deal_rows); one chunk
+        reads its rows in order either way."""
+        return self.cfg.tile.deal_rows and self.num_chunks > 1
+
     def loads(self) -> tuple[bool, int]:
         """(prefetch, tma_stages) the config asks for at this chunking (rows that fit one tile),
         the stages no more than the row tiles a chunk holds, and at least 2 (CHUNK_STAGES)."""

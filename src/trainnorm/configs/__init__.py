@@ -287,6 +287,17 @@ class BwdTile:
     # 0.521x not held), 0.747x at T 4096; at H 6144 0.808x, H 5376 0.718x, H 2560 0.761x at
     # T 65536; level at one row (1.006x)
     hold_dw: bool = False
+    # rows dealt to the chunks a row tile at a time (tile t to chunk t mod num_chunks;
+    # kernels/backward.py, DEAL_ROWS) where they are otherwise cut into runs of
+    # rows_per_chunk: the same chunk count and row tiles, so at any moment the programs
+    # read neighbouring rows instead of one run each, rows_per_chunk x H x 2 bytes apart
+    # (1.3-6.1 MB at H 5120-6144, T 16384-65536). Another order of dw's additions, a
+    # function of the rows and the config only, as before; dx does not move. No entry takes
+    # it: it is a candidate of `trainnorm.dev.tune --probe-placement` and --probe-bwd-tiles.
+    # Where the chunks read contiguous runs, the time of one launch followed its data's
+    # addresses: H 5120 T 16384 on an H100 at dea9d71 ran 188.7-189.3 us on one copy of its
+    # data and 197.0-201.0 on three others (docs/benchmarks/tune/h100-placement.txt)
+    deal_rows: bool = False
 
     def __post_init__(self):
         _check_pieces(self)

@@ -20,7 +20,11 @@ With a gate z (Z given), a = the activation GATE and a' its derivative (kernels/
 The rows are split into `num_chunks` chunks of `rows_per_chunk` rows; both
 numbers are a function of (rows, H) only (plan.py). A program takes chunks
 pid, pid + grid, ...; every chunk is processed the same way whichever program
-takes it, so the grid may follow the SM count without changing a bit. dw's
+takes it, so the grid may follow the SM count without changing a bit. With
+DEAL_ROWS the rows are dealt to the chunks a row tile at a time instead (tile t
+to chunk t mod num_chunks, each chunk's tiles in row order): the programs then
+read neighbouring rows at any moment rather than one contiguous run each, rows
+per chunk apart (_chunk_span); another order of dw's additions, the same dx. dw's
 terms are formed exactly in float64 (_dw_terms) and summed in float64 within
 and across chunks (float64 partials), so dw is the exact sum rounded once to
 float32, up to float64 rounding: far inside the budget on every input family
@@ -186,14 +190,26 @@ def _tile_terms(r_h, r_dy, r_z, b_rstd, W, b_w, GATE: tl.constexpr, GATE_FIRST: 
 
 
 @triton.jit
+def _chunk_span(chunk, rows, rows_per_chunk, num_chunks, BLOCK_M: tl.constexpr, DEAL_ROWS: tl.constexpr):
+    """(first row, end, step) of a chunk's row tiles: rows_per_chunk rows from chunk x
+    rows_per_chunk, a tile at a time; with DEAL_ROWS every num_chunks-th tile from the
+    chunk's own, to the last row (a chunk then ends where the rows do)."""
+    if DEAL_ROWS:
+        return chunk * BLOCK_M, rows, num_chunks * BLOCK_M
+    else:
+        row_start = chunk * rows_per_chunk
+        return row_start, tl.minimum(row_start + rows_per_chunk, rows), BLOCK_M
+
+
+@triton.jit
 def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2, b_dwb, row_start, row_end,
-                n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, TWO_LEVEL: tl.constexpr,
-                GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr, LOADS: tl.constexpr,
-                STAGES: tl.constexpr, DW_2D: tl.constexpr, F32_TERMS: tl.constexpr = False):
-    """One chunk of rows that fit one tile: dx (dz) stored, dw's terms added to
-    b_dw (or, with DW_2D, to b_dw2 per tile position; the second piece's to
-    b_dwb) with NEED_DW."""
+                row_step, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
+                stride_dhh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr,
+                TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr, NEED_DW: tl.constexpr,
+                LOADS: tl.constexpr, STAGES: tl.constexpr, DW_2D: tl.constexpr, F32_TERMS: tl.constexpr = False):
+    """One chunk of rows that fit one tile (its tiles from row_start, row_step rows
+    apart, before row_end: _chunk_span): dx (dz) stored, dw's terms added to b_dw (or, with
+    DW_2D, to b_dw2 per tile position; the second piece's to b_dwb) with NEED_DW."""
     o_n = tl.arange(0, BLOCK_N)
     o_mb = tl.arange(0, BLOCK_M)
     m_n = o_n < n_cols
@@ -205,7 +221,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
         p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, row_start + o_mb, row_end, o_n, m_n, NH,
                                                 stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                 stride_zt, stride_zh, TWO_LEVEL)
-    for m0 in tl.range(row_start, row_end, BLOCK_M, num_stages=STAGES):
+    for m0 in tl.range(row_start, row_end, row_step, num_stages=STAGES):
         o_m = m0 + o_mb
         m_m = o_m < row_end
         mask = m_m[:, None] & m_n[None, :]
@@ -224,7 +240,7 @@ def _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, 
             # this tile was loaded during the previous one; issue the next tile's loads now
             # (masked off past the chunk), so they are in flight while this one is computed
             r_h, r_dy, r_rstd, r_z = p_h, p_dy, p_rstd, p_z
-            p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, o_m + BLOCK_M, row_end, o_n, m_n, NH,
+            p_h, p_dy, p_rstd, p_z = _load_row_tile(HX, DY, Z, RSTD, o_m + row_step, row_end, o_n, m_n, NH,
                                                     stride_ht, stride_hh, stride_dyt, stride_dyh,
                                                     stride_zt, stride_zh, TWO_LEVEL)
         else:
@@ -329,6 +345,7 @@ def bwd_one_tile_kernel(
     DW_2D: tl.constexpr,
     W_HALVES: tl.constexpr = 0,
     PDL: tl.constexpr = False,
+    DEAL_ROWS: tl.constexpr = False,
 ):
     grid_dependency(PDL)
     pid = tl.program_id(0)
@@ -357,13 +374,12 @@ def bwd_one_tile_kernel(
     else:
         b_dw2 = tl.zeros([1, 1], dtype=tl.float64)
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
-        row_start = chunk * rows_per_chunk
-        row_end = tl.minimum(row_start + rows_per_chunk, rows)
+        row_start, row_end, row_step = _chunk_span(chunk, rows, rows_per_chunk, num_chunks, BLOCK_M, DEAL_ROWS)
         b_dw, b_dw2, b_dwb = _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_dw, b_dw2,
-                                         b_dwb, row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht,
-                                         stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N,
-                                         BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS, STAGES,
-                                         dw_2d, f32_terms)
+                                         b_dwb, row_start, row_end, row_step, n_cols, NH, stride_dyt, stride_dyh,
+                                         stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M,
+                                         BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE, GATE_FIRST, DW_FORM != "none", LOADS,
+                                         STAGES, dw_2d, f32_terms)
         if dw_2d and DW_FORM != "atomic":
             b_dw = tl.sum(b_dw2, axis=0)
             b_dw2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float64)
@@ -413,7 +429,7 @@ def _wide_dx_tile(HX, DY, Z, W, DH, DX, DR, DZ, b_rstd, b_c, o_m, m_m, o_hr, o_d
 
 
 @triton.jit
-def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_end, n_cols, NH,
+def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_end, row_step, n_cols, NH,
                      stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COL_TILES: tl.constexpr,
                      TWO_LEVEL: tl.constexpr, GATE: tl.constexpr, GATE_FIRST: tl.constexpr,
@@ -434,7 +450,7 @@ def _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, P_PART, row_start, row_
             o_c = n0 + o_n
             tl.store(P_PART + o_c, tl.zeros([BLOCK_N], dtype=tl.float64), mask=o_c < n_cols)
         tl.debug_barrier()
-    for m0 in tl.range(row_start, row_end, BLOCK_M):
+    for m0 in tl.range(row_start, row_end, row_step):
         o_m = m0 + o_mb
         m_m = o_m < row_end
         o_hr = row_offsets(o_m, NH, stride_ht, stride_hh, TWO_LEVEL)[:, None]
@@ -498,19 +514,19 @@ def bwd_col_tiles_kernel(
     W_OFFSET: tl.constexpr,
     PDL: tl.constexpr = False,
     HOLD_DW: tl.constexpr = False,
+    DEAL_ROWS: tl.constexpr = False,
 ):
     """dw partials go to PARTIAL (the "partial" form) when it is given, else no dw; HOLD_DW:
     each chunk's partial held in registers and stored once (configs.BwdTile.hold_dw)."""
     grid_dependency(PDL)
     pid = tl.program_id(0)
     for chunk in tl.range(pid, num_chunks, tl.num_programs(0)):
-        row_start = chunk * rows_per_chunk
-        row_end = tl.minimum(row_start + rows_per_chunk, rows)
+        row_start, row_end, row_step = _chunk_span(chunk, rows, rows_per_chunk, num_chunks, BLOCK_M, DEAL_ROWS)
         if PARTIAL is not None:
             p_part = PARTIAL + chunk * n_cols
         else:
             p_part = None
-        _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, p_part, row_start, row_end, n_cols, NH,
+        _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, p_part, row_start, row_end, row_step, n_cols, NH,
                          stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht, stride_dhh,
                          BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET, HOLD_DW)
 
@@ -536,6 +552,7 @@ def bwd_col_slices_kernel(
     DW_STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
     HOLD_DW: tl.constexpr = False,
+    DEAL_ROWS: tl.constexpr = False,
 ):
     """Programs [0, row_programs) take the chunks of rows, programs [slice_start,
     grid) the column slices: slice_start 0 gives every program both roles, one
@@ -551,15 +568,14 @@ def bwd_col_slices_kernel(
             b_w2 = _load_weight(W, BLOCK_N, BLOCK_N2, n_cols, W_OFFSET)
         b_none = tl.zeros([1, 1], dtype=tl.float64)
         for chunk in tl.range(pid, num_chunks, row_programs):
-            row_start = chunk * rows_per_chunk
-            row_end = tl.minimum(row_start + rows_per_chunk, rows)
+            row_start, row_end, row_step = _chunk_span(chunk, rows, rows_per_chunk, num_chunks, BLOCK_M, DEAL_ROWS)
             if COL_TILES == 1:
                 _chunk_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, DESC_DY, DESC_H, b_w, b_w2, b_none, b_none, b_none,
-                            row_start, row_end, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt,
-                            stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE,
+                            row_start, row_end, row_step, n_cols, NH, stride_dyt, stride_dyh, stride_ht, stride_hh,
+                            stride_zt, stride_zh, stride_dht, stride_dhh, BLOCK_M, BLOCK_N, BLOCK_N2, TWO_LEVEL, GATE,
                             GATE_FIRST, False, LOADS, STAGES, False)
             else:
-                _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, None, row_start, row_end, n_cols, NH,
+                _chunk_wide_rows(DY, HX, Z, W, RSTD, DH, DX, DR, DZ, None, row_start, row_end, row_step, n_cols, NH,
                                  stride_dyt, stride_dyh, stride_ht, stride_hh, stride_zt, stride_zh, stride_dht,
                                  stride_dhh, BLOCK_M, BLOCK_N, COL_TILES, TWO_LEVEL, GATE, GATE_FIRST, W_OFFSET,
                                  HOLD_DW)
