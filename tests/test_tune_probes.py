@@ -96,6 +96,8 @@ def test_bwd_tile_edits_hold_the_row_as_two_pieces_without_spilling_counts():
     edits = tune.bwd_tile_edits(5120)
     entry = edits["entry"]
     assert entry == tune.configs.backward_config(tune.configs.backward_key(5120, 2))
+    # the entry's rows dealt to its chunks: nothing else changes
+    assert edits["entry dealt"] == entry.replace(deal_rows=True) and not entry.tile.deal_rows
     pieces = {k: v for k, v in edits.items() if k.startswith("pieces")}
     # 8 or 16 warps (4 at 4096 + 1024 columns spill), loop 0 or 3 deep, 8 warps at 2 programs an SM only
     assert sorted(pieces) == sorted(["pieces bm1 w8 ls0 c2", "pieces bm1 w8 ls3 c2", "pieces bm1 w16 ls0 c2",
@@ -251,23 +253,26 @@ def test_probe_pdl_command_line():
         tune.parse_args(["--probe-bwd-tiles", "--rows", "H4096 T1"])
 
 
-def test_probe_placement_times_each_copy_with_its_weight_stored_both_ways(monkeypatch, tmp_path):
+def test_probe_placement_times_the_rule_and_its_rows_dealt_on_each_copy(monkeypatch, tmp_path):
     import trainnorm
+    from trainnorm import plan
+    from trainnorm.variant import Variant
     calls = []
     real = trainnorm.rms_norm_backward
 
     def spy(dy, h, w, rstd, **kw):
-        calls.append((dy.data_ptr(), kw["weight_offset"], round(float(w.float().mean()))))
+        p = plan.backward_plan(rstd.numel(), h.shape[-1], h.dtype, Variant(), True, True)
+        calls.append((dy.data_ptr(), p.dealt, p.num_chunks))
         return real(dy, h, w, rstd, **kw)
     monkeypatch.setattr(trainnorm, "rms_norm_backward", spy)
     monkeypatch.setattr(tune, "time_fns", lambda fns, flush, **kw: {n: fn() and 1.0 for n, fn in fns.items()})
     logs = []
     run = tune.Run(table={}, out=str(tmp_path), device="cpu", log=logs.append)
-    tune.probe_placement(run, cases=((96, 3),), copies=2)
+    tune.probe_placement(run, cases=((256, 600),), copies=2, peers=())
     raw = json.loads((tmp_path / "probe-placement.json").read_text())
-    assert sorted(raw) == ["bwd H96 rows 3 rep 0", "bwd H96 rows 3 rep 1"]
-    assert sorted(raw["bwd H96 rows 3 rep 0"]) == ["copy0", "copy0 1+w", "copy1", "copy1 1+w"]
-    # two copies at two places, each launched with w (mean ~1) and with w - 1 under offset 1
+    assert sorted(raw) == ["bwd H256 rows 600 rep 0", "bwd H256 rows 600 rep 1"]
+    assert sorted(raw["bwd H256 rows 600 rep 0"]) == ["copy0 dealt", "copy0 rule", "copy1 dealt", "copy1 rule"]
+    # two copies at two places, each launched as the rule's chunks and with its rows dealt
     assert len({c[0] for c in calls}) == 2
-    assert {(c[1], c[2]) for c in calls} == {(0.0, 1), (1.0, 0)}
+    assert {c[1] for c in calls} == {False, True} and min(c[2] for c in calls) > 1
     assert tune.parse_args(["--probe-placement"]).probe_placement

@@ -95,11 +95,12 @@ before every replay and without: where a small-T forward's time goes (a gap to a
 that closes without the flush is spent on cold fetches, one that stays is the kernel's
 own path). Raw times to probe-latency.json and the log.
 
---probe-placement times one backward launch (H5120 T16384 by default) on separately placed
-copies of its data, the weight stored as w and as w - 1 under weight_offset=1, interleaved,
-twice: whether a launch's time follows where its data lies or how its weight is stored (the
-bench read the same launch 6% apart on two rows of one process). Raw times to
-probe-placement.json and the log.
+--probe-placement times the deterministic backward (PLACEMENT_PROBE_CASES by default) on
+separately placed copies of the bench's data: the rule's config, the same with its rows dealt
+to the chunks a tile at a time (configs.BwdTile.deal_rows), and torch.compile's backward of
+the reference, interleaved, twice: whose time follows where its data lies (the same launch
+read 4-6% apart on two copies of its data in one process). Raw times to probe-placement.json
+and the log.
 
 --probe-flush times, at FLUSH_PROBE_CASES, the forward and backward of trainnorm and of
 torch.compile (and max-autotune) after the bench's flush, whose fill leaves L2 full of
@@ -1491,8 +1492,9 @@ def bwd_tile_edits(hidden: int) -> dict:
     thread: 4 warps at 4096 + 1024 columns and wider spill under ptxas, sm_90), and the entry
     with twice or half its warps (where a thread keeps at most 32 values) and its other
     number of programs per SM; where the entry holds the row in one tile, the row walked in
-    column tiles (walk_edits). Windows, chunking and small-T fields stay the entry's (the
-    walks' chunking is the walked widths')."""
+    column tiles (walk_edits); and the entry with its rows dealt to the chunks a tile at a
+    time (deal_rows). Windows, chunking and small-T fields stay the entry's (the walks'
+    chunking is the walked widths')."""
     cur = configs.backward_config(configs.backward_key(hidden, ELT))
     t, s = cur.tile, cur.schedule
     out = {"entry": cur}
@@ -1510,6 +1512,7 @@ def bwd_tile_edits(hidden: int) -> dict:
         out["entry w/2"] = cur.replace(num_warps=t.num_warps // 2)
     other = 2 if s.ctas_per_sm == 4 else 4
     out[f"entry c{other}"] = cur.replace(ctas_per_sm=other)
+    out["entry dealt"] = cur.replace(deal_rows=True)
     return out
 
 
@@ -1753,35 +1756,52 @@ def probe_flush(run: Run, cases=FLUSH_PROBE_CASES, peers=FLUSH_PEERS, nbytes: in
 # row's samples tight; torch-compile-maxat moved the other way (199.10 -> 205). At dea9d71 on
 # the H100 (docs/benchmarks/tune/h100-placement.txt) the time followed the copy of the data
 # (188.7-189.3 us on the first, 197.0-201.0 on the three others), not W_OFFSET (within 0.6%)
-PLACEMENT_PROBE_CASES = ((5120, 16384),)
-PLACEMENT_COPIES = 4
+# (the weight's storage is no longer probed). The chunks read contiguous runs of rows unless the
+# config deals them (configs.BwdTile.deal_rows): at these rows the programs read 1.3-5.3 MB
+# apart. H2560 and H5376 T65536 ran 0.93x max-autotune in two benches and level with it in
+# one process (docs/benchmarks/tune/h100-flush-probe.txt)
+PLACEMENT_PROBE_CASES = ((5120, 16384), (2560, 65536), (5376, 65536))
+PLACEMENT_COPIES = 3
+PLACEMENT_PEERS = ("torch-compile",)
 
 
-def probe_placement(run: Run, cases=PLACEMENT_PROBE_CASES, copies: int = PLACEMENT_COPIES) -> None:
-    """The deterministic backward at each (H, rows) on `copies` sets of data, each allocated
-    after a spacer of its own size (other addresses), each with its weight stored as w
-    (1 + 0.1 N(0, 1)) and as w - 1 under weight_offset=1 (the bench's 1+w rows), all
-    interleaved in one process, twice: whether one launch's time follows its data's place or
-    the weight's storage. Raw times to probe-placement.json and the log."""
+def probe_placement(run: Run, cases=PLACEMENT_PROBE_CASES, copies: int = PLACEMENT_COPIES,
+                    peers=PLACEMENT_PEERS) -> None:
+    """The deterministic backward at each (H, rows) on `copies` copies of the bench's data
+    (copy i the bench's seed i, each allocated after a spacer of its own size: other
+    addresses): the rule's config, the same with its rows dealt to the chunks (deal_rows),
+    and each importable peer's backward (`trainnorm bench`'s adapters), all interleaved in
+    one process, twice: whether a form's time follows its data's place. Raw times to
+    probe-placement.json and the log."""
+    from trainnorm.bench import impls as bench_impls
+    from trainnorm.bench import shapes
     for hidden, rows in cases:
+        row = shapes.Row(hidden, rows)
+        rule = configs.backward_config(configs.backward_key(hidden, ELT))
+        forms = {"rule": rule, "dealt": rule.replace(deal_rows=True)}
+        adapters = [i for i in bench_impls.make_impls() if i.name in peers and i.available() and not i.skip_reason(row)]
         fns, keep = {}, []
         for i in range(copies):
-            g = torch.Generator(device=run.device).manual_seed(i)
-            x = torch.randn(rows, hidden, device=run.device, generator=g).to(torch.bfloat16)
-            dy = torch.randn(rows, hidden, device=run.device, generator=g).to(torch.bfloat16)
-            w = 1 + 0.1 * torch.randn(hidden, device=run.device, generator=g)
-            _, rstd, _ = trainnorm.rms_norm_forward(x, w.to(torch.bfloat16))
-            ws = trainnorm.backward_workspace(rows, hidden, deterministic=True, device=run.device)
             keep.append(torch.empty((i + 1) * 37 * 2**20, dtype=torch.uint8, device=run.device))
-            for name, stored, offset in ((f"copy{i}", w, 0.0), (f"copy{i} 1+w", w - 1, 1.0)):
-                fns[name] = (lambda dy=dy, x=x, w=stored.to(torch.bfloat16), rstd=rstd, ws=ws, offset=offset:
-                             trainnorm.rms_norm_backward(dy, x, w, rstd, workspace=ws, weight_offset=offset))
+            d = bench_impls.make_row_data(row, run.device, seed=i)
+            _, rstd, _ = trainnorm.rms_norm_forward(d.x, d.w)
+            keep.append((d, rstd))
+            for name, cfg in forms.items():
+                ws = _workspace(cfg, hidden, rows, True, run.device, False)
+                fns[f"copy{i} {name}"] = (lambda cfg=cfg, d=d, rstd=rstd, ws=ws:
+                                          _bwd_with(cfg, hidden, d.dy, d.x, d.w, rstd, ws, True))
+            for impl in adapters:
+                if i == 0:
+                    impl.begin_row(d)
+                fns[f"copy{i} {impl.name}"] = impl.prepare(d, "bwd")
         for rep in range(2):
             t = time_fns(fns, run.flush, passes=3, samples=15, captures=1)
             what = f"bwd H{hidden} rows {rows} rep {rep}"
             run.log(f"{what}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()))
             run.raw[what] = t
         run.save("probe-placement.json")
+        for impl in adapters:
+            impl.end_row()
         del fns, keep
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -1834,8 +1854,8 @@ def parse_args(argv=None):
                        help="trainnorm's and torch.compile's fwd and bwd after the bench's flush (L2 left dirty) "
                             "and after a flush that leaves it clean, at --cases")
     sweep.add_argument("--probe-placement", action="store_true",
-                       help="one backward launch on separately placed copies of its data, its weight stored as "
-                            "w and as w - 1 under weight_offset=1, at --cases")
+                       help="the backward (the rule's, its rows dealt, torch.compile's) on separately placed "
+                            "copies of its data, at --cases")
     sweep.add_argument("--probe-bwd-tiles", action="store_true",
                        help="the backward's config against its row held as two pieces and other edits, at --cases")
     sweep.add_argument("--probe-pdl", action="store_true",
