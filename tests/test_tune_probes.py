@@ -98,6 +98,10 @@ def test_bwd_tile_edits_hold_the_row_as_two_pieces_without_spilling_counts():
     assert entry == tune.configs.backward_config(tune.configs.backward_key(5120, 2))
     # the entry's rows dealt to its chunks: nothing else changes
     assert edits["entry dealt"] == entry.replace(deal_rows=True) and not entry.tile.deal_rows
+    # H 5120's entry takes 132 chunks at most; the rule's 256 (H 2560) get 264 beside them
+    assert "entry m264" not in edits and entry.tile.max_chunks == 132
+    rule = tune.bwd_tile_edits(2560)
+    assert rule["entry"].tile.max_chunks == 256 and rule["entry m264"] == rule["entry"].replace(max_chunks=264)
     pieces = {k: v for k, v in edits.items() if k.startswith("pieces")}
     # 8 or 16 warps (4 at 4096 + 1024 columns spill), loop 0 or 3 deep, 8 warps at 2 programs an SM only
     assert sorted(pieces) == sorted(["pieces bm1 w8 ls0 c2", "pieces bm1 w8 ls3 c2", "pieces bm1 w16 ls0 c2",

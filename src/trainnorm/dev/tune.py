@@ -1492,9 +1492,10 @@ def bwd_tile_edits(hidden: int) -> dict:
     thread: 4 warps at 4096 + 1024 columns and wider spill under ptxas, sm_90), and the entry
     with twice or half its warps (where a thread keeps at most 32 values) and its other
     number of programs per SM; where the entry holds the row in one tile, the row walked in
-    column tiles (walk_edits); and the entry with its rows dealt to the chunks a tile at a
-    time (deal_rows). Windows, chunking and small-T fields stay the entry's (the walks'
-    chunking is the walked widths')."""
+    column tiles (walk_edits); the entry with its rows dealt to the chunks a tile at a time
+    (deal_rows); and where the entry takes up to 256 chunks (the rule's), up to 264 (two
+    of the H100's and H200's 132 SMs each). Windows, chunking and small-T fields stay the
+    entry's otherwise (the walks' chunking is the walked widths')."""
     cur = configs.backward_config(configs.backward_key(hidden, ELT))
     t, s = cur.tile, cur.schedule
     out = {"entry": cur}
@@ -1513,6 +1514,11 @@ def bwd_tile_edits(hidden: int) -> dict:
     other = 2 if s.ctas_per_sm == 4 else 4
     out[f"entry c{other}"] = cur.replace(ctas_per_sm=other)
     out["entry dealt"] = cur.replace(deal_rows=True)
+    # 256 chunks of one program an SM (the rule's rows of 2049-4096 columns at T 65536, 117-124
+    # registers at 16 warps: docs/benchmarks/tune/h100-ncu-wide-bwd.md) run as a wave of 132
+    # and one of 124 on 132 SMs
+    if t.max_chunks == 256:
+        out["entry m264"] = cur.replace(max_chunks=264)
     return out
 
 
